@@ -1,0 +1,113 @@
+"""Step 7 — checkpoints: load a directory in Qwen-VL-Chat's layout, checking every key, and make tiny ones."""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .modeling import QWenLMHeadModel, QWenVLConfig
+from .prompt_table import to_torch_dtype
+
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
+
+TINY_CONFIG = dict(
+    vocab_size=151936, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, kv_channels=64,
+    intermediate_size=512, seq_length=2048, max_position_embeddings=8192,
+    visual=dict(heads=2, image_size=56, image_start_id=151857, layers=2, mlp_ratio=2.0, output_dim=128,
+                patch_size=14, width=64),
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that does not match the Qwen-VL-Chat layout."""
+
+
+def weight_files(checkpoint_dir: Path) -> list[Path]:
+    """The weight shards of a checkpoint directory (via its index file when sharded)."""
+    for name in INDEX_FILES:
+        if (checkpoint_dir / name).is_file():
+            weight_map = json.loads((checkpoint_dir / name).read_text())["weight_map"]
+            files = [checkpoint_dir / f for f in dict.fromkeys(weight_map.values())]
+            missing = [f.name for f in files if not f.is_file()]
+            if missing:
+                raise CheckpointError(f"{name} in {checkpoint_dir} names shards that are missing: {missing}")
+            return files
+    for name in SINGLE_FILES:
+        if (checkpoint_dir / name).is_file():
+            return [checkpoint_dir / name]
+    raise CheckpointError(
+        f"no weights in {checkpoint_dir}: expected one of {INDEX_FILES + SINGLE_FILES} (Qwen-VL-Chat's layout)"
+    )
+
+
+def read_state_dict(checkpoint_dir) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory, by their Qwen-VL key names."""
+    state = {}
+    for path in weight_files(Path(checkpoint_dir)):
+        if path.suffix == ".safetensors":
+            state.update(load_file(path))
+        else:
+            state.update(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    return state
+
+
+def load_config(checkpoint_dir) -> QWenVLConfig:
+    """Read config.json of a Qwen-VL checkpoint directory."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {str(checkpoint_dir)!r}")
+    config_file = checkpoint_dir / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{checkpoint_dir} has no config.json; point at a Qwen-VL-Chat checkpoint directory")
+    return QWenVLConfig.from_dict(json.loads(config_file.read_text()))
+
+
+def check_state_dict(state: dict, expected: dict) -> None:
+    """Raise a CheckpointError naming every missing, unexpected or mis-shaped key."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshaped = [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(state[k].shape)}"
+                 for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    problems = ([f"missing keys: {missing[:8]}{' …' if len(missing) > 8 else ''}"] if missing else []) + \
+        ([f"unexpected keys: {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}"] if unexpected else []) + \
+        ([f"mis-shaped: {misshaped[:8]}"] if misshaped else [])
+    if problems:
+        raise CheckpointError("checkpoint does not match its config.json — " + "; ".join(problems))
+
+
+def load_checkpoint(checkpoint_dir, dtype=None, device="cpu") -> QWenLMHeadModel:
+    """Load a Qwen-VL-Chat-layout directory (config.json + sharded safetensors/.bin) into QWenLMHeadModel."""
+    config = load_config(checkpoint_dir)
+    with torch.device("meta"):
+        model = QWenLMHeadModel(config)
+    state = read_state_dict(checkpoint_dir)
+    check_state_dict(state, model.state_dict())
+    if dtype is not None:
+        state = {k: v.to(to_torch_dtype(dtype)) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(device).eval()
+
+
+def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB") -> Path:
+    """Write config.json, generation_config.json and sharded safetensors with Qwen-VL's key names."""
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir, max_shard_size=max_shard_size)
+    (output_dir / "generation_config.json").write_text(json.dumps(dict(
+        chat_format="chatml", eos_token_id=151643, pad_token_id=151643, max_window_size=6144, max_new_tokens=512,
+        do_sample=True, top_k=0, top_p=0.3), indent=2) + "\n")
+    return output_dir
+
+
+def make_tiny_checkpoint(output_dir, seed: int = 0, with_vocab: bool = True) -> Path:
+    """Write a small random Qwen-VL checkpoint (real vocab size, 256 queries, real layout) for tests."""
+    from .tokenizing import vocab_file_path
+
+    torch.manual_seed(seed)
+    model = QWenLMHeadModel(QWenVLConfig(**TINY_CONFIG))
+    save_checkpoint(model, output_dir, max_shard_size="60MB")
+    if with_vocab:
+        shutil.copyfile(vocab_file_path(), Path(output_dir) / "qwen.tiktoken")
+    return Path(output_dir)
