@@ -8,6 +8,8 @@ from .tokenizing import IMAGE_START_ID, IMG_TOKEN_SPAN
 def as_batch(input_ids) -> torch.Tensor:
     """Return `input_ids` as a 2-D int64 tensor [B, L] (a single sequence becomes a batch of one)."""
     ids = torch.as_tensor(input_ids)
+    if ids.numel() == 0:
+        ids = ids.long()  # torch.as_tensor([]) is float32
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     if ids.dim() == 1:

@@ -4,6 +4,7 @@ import torch
 
 from .fake_ids import make_fake_prompt_ids, replace_image_spans
 from .img_pos import as_batch, locate_img_pos
+from .tokenizing import IMAGE_START_ID
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -41,6 +42,8 @@ def ptuning_setup(prompt_table, dtype, hidden_size: int, tasks=None, input_ids=N
             tasks = torch.tensor([int(t) for t in str(tasks).split(",")], dtype=torch.int32, device=device)
         except ValueError:
             raise ValueError(f'tasks must be a comma-separated list of integers like "0,1", got {tasks!r}') from None
+        if (tasks < 0).any():
+            raise ValueError(f"tasks must be non-negative (a task selects a block of table rows), got {tasks.tolist()}")
         if tasks.shape[0] != batch_size:
             raise ValueError(f"{tasks.shape[0]} tasks given for a batch of {batch_size}: give one task per sequence")
     else:
@@ -52,6 +55,8 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
     """Embed ids: `< vocab_size` from the vocabulary, the rest from `prompt_table[(id - V) + task * tvs]`."""
     input_ids = as_batch(input_ids)  # [B, L]
     hidden = vocab_embedding.shape[1]
+    if vocab_size > vocab_embedding.shape[0]:
+        raise ValueError(f"vocab_size {vocab_size} exceeds the {vocab_embedding.shape[0]} rows of vocab_embedding")
     if prompt_table.dim() != 2 or prompt_table.shape[1] != hidden:
         raise ValueError(
             f"prompt_table must be [rows, {hidden}] (the model's hidden size), got {tuple(prompt_table.shape)}"
@@ -65,19 +70,21 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
     tasks = torch.as_tensor(tasks, device=input_ids.device).reshape(-1).long()
     if tasks.shape[0] != input_ids.shape[0]:
         raise ValueError(f"{tasks.shape[0]} tasks for a batch of {input_ids.shape[0]}: give one task per sequence")
+    if (tasks < 0).any():
+        raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
     task_vocab_size = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
     mask = input_ids > vocab_size - 1  # [B, L]
-    normal = vocab_embedding[torch.where(mask, vocab_size - 1, input_ids)]  # [B, L, H]
+    embeddings = vocab_embedding[torch.where(mask, vocab_size - 1, input_ids)]  # [B, L, H]
     rows = torch.where(mask, input_ids - vocab_size, 0) + tasks[:, None] * task_vocab_size  # [B, L]
     if mask.any():
         bad = rows[mask].max()
-        if bad >= prompt_table.shape[0] or rows[mask].min() < 0:
+        if bad >= prompt_table.shape[0]:
             raise ValueError(
                 f"fake prompt id reads row {int(bad)} of a prompt table with {prompt_table.shape[0]} rows; "
                 "ids >= vocab_size must index rows of the table given for their sequence's task"
             )
-    prompt = prompt_table[rows.clamp(0, prompt_table.shape[0] - 1)]  # [B, L, H]
-    return torch.where(mask[..., None], prompt, normal)
+        embeddings[mask] = prompt_table[rows[mask]]  # the prompt rows replace the (clamped) vocab rows
+    return embeddings
 
 
 def images_per_row(img_pos: torch.Tensor, batch_size: int) -> list[int]:
@@ -85,10 +92,10 @@ def images_per_row(img_pos: torch.Tensor, batch_size: int) -> list[int]:
     return torch.bincount(img_pos[:, 0], minlength=batch_size).tolist() if len(img_pos) else [0] * batch_size
 
 
-def single_table_batch(input_ids, input_vit: torch.Tensor, vocab_size: int):
+def single_table_batch(input_ids, input_vit: torch.Tensor, vocab_size: int, image_start_id: int = IMAGE_START_ID):
     """Python-session convention: one table, ids increase over all images, tasks all 0."""
     input_ids = as_batch(input_ids)
-    img_pos = locate_img_pos(input_ids)
+    img_pos = locate_img_pos(input_ids, image_start_id)
     check_image_count(img_pos, input_vit)
     fake_prompt_id = make_fake_prompt_ids(vocab_size, input_vit.shape[0], input_vit.shape[1])  # [N, 256]
     ids = replace_image_spans(input_ids, img_pos, fake_prompt_id)
@@ -97,10 +104,11 @@ def single_table_batch(input_ids, input_vit: torch.Tensor, vocab_size: int):
     return ids, prompt_table, tasks, input_vit.shape[1]
 
 
-def per_request_tables(input_ids, input_vit: torch.Tensor, vocab_size: int, rows_per_request: int | None = None):
+def per_request_tables(input_ids, input_vit: torch.Tensor, vocab_size: int, rows_per_request: int | None = None,
+                       image_start_id: int = IMAGE_START_ID):
     """In-flight-batching convention: each request's ids restart at vocab_size; its table sits at slot × rows."""
     input_ids = as_batch(input_ids)
-    img_pos = locate_img_pos(input_ids)
+    img_pos = locate_img_pos(input_ids, image_start_id)
     check_image_count(img_pos, input_vit)
     span = input_vit.shape[1]
     counts = images_per_row(img_pos, input_ids.shape[0])

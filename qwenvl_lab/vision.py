@@ -1,6 +1,7 @@
 """Step 4a — the vision tower: Qwen-VL's ViT + resampler turning pictures into `input_vit` [N, 256, H]."""
 
 import math
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def load_image(image) -> Image.Image:
 
 def preprocess_images(images, image_size: int) -> torch.Tensor:
     """Pictures → [N, 3, S, S]: RGB, bicubic resize to image_size (aspect not kept), CLIP mean/std."""
+    if isinstance(images, (str, os.PathLike, Image.Image)):
+        images = [images]  # one picture, not an iterable of characters or pixels
     mean = torch.tensor(CLIP_MEAN).view(3, 1, 1)
     std = torch.tensor(CLIP_STD).view(3, 1, 1)
     out = []
@@ -58,6 +61,8 @@ def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
 def interpolate_pos_embed(pos: torch.Tensor, target_len: int) -> torch.Tensor:
     """Resize a square grid of positional embeddings [L, D] to [target_len, D] (bicubic)."""
     src, tgt = int(math.isqrt(pos.shape[0])), int(math.isqrt(target_len))
+    if src * src != pos.shape[0] or tgt * tgt != target_len:
+        raise ValueError(f"positional embeddings form square grids; cannot resize {pos.shape[0]} positions to {target_len}")
     if src == tgt:
         return pos
     grid = pos.float().reshape(1, src, src, -1).permute(0, 3, 1, 2)  # [1, D, src, src]

@@ -1,0 +1,46 @@
+"""Shared test fixtures: the tiny random Qwen-VL checkpoint, its model, the tokenizer and small pictures."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from qwenvl_lab.checkpoint import load_checkpoint, make_tiny_checkpoint
+from qwenvl_lab.tokenizing import load_tokenizer
+
+# The test models are tiny: on the shared 2-core machine extra intra-op threads only add contention (10-100x slower)
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Directory of a small random checkpoint in Qwen-VL-Chat's layout (real vocab size, qwen.tiktoken)."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen-vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint):
+    """The tiny checkpoint loaded once (eval, no grad); shared — never modify its weights."""
+    return load_checkpoint(tiny_checkpoint).requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real Qwen-VL tokenizer (qwen.tiktoken from dashscope)."""
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def image_files(tmp_path_factory):
+    """Small distinct pictures on disk: {name: path} (short paths, so they fit in an image span)."""
+    folder = tmp_path_factory.mktemp("img")
+    pictures = {
+        "red": Image.new("RGB", (40, 30), (220, 20, 60)),
+        "noise": Image.fromarray(np.random.default_rng(0).integers(0, 256, (36, 36, 3), dtype=np.uint8)),
+        "gradient": Image.linear_gradient("L").resize((50, 64)).convert("RGB"),
+    }
+    paths = {}
+    for name, picture in pictures.items():
+        paths[name] = folder / f"{name}.png"
+        picture.save(paths[name])
+    return paths
