@@ -32,3 +32,22 @@ lab: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The TensorRT path (issue 5): export → plan → convert → build → answer one question. The CPU steps run in this
+# venv; the GPU steps run with TRT_PY, the Python of a TensorRT-LLM 1.2.x environment (tensorrt_llm pins
+# transformers 4.57, so it cannot share this venv; there: pip install 'tensorrt_llm>=1.2,<1.3' and
+# pip install --no-deps -e .):  make trtllm TRT_PY=/path/to/trtllm-env/bin/python
+# Without the TensorRT stack it writes the ONNX file, the checkpoint and the trtllm-build command, then stops
+# (exit status 3) at the first GPU step, saying what is missing. For the full Qwen-VL-Chat checkpoint set
+# TRT_REFERENCE= (the PyTorch reference answer is slow on a CPU).
+TRT_CHECKPOINT ?= data/toy-qwen-vl
+TRT_IMAGE ?= data/images/blue_square.png
+TRT_QUESTION ?= 图片里是什么？
+TRT_WORKDIR ?= build/trtllm
+TRT_PY ?= $(PY)
+TRT_REFERENCE ?= --reference
+TRT_ARGS = --checkpoint $(TRT_CHECKPOINT) --image $(TRT_IMAGE) --question "$(TRT_QUESTION)" --workdir $(TRT_WORKDIR)
+
+trtllm: setup
+	$(PY) -m qwenvl_lab.trtllm.pipeline --stage prepare $(TRT_REFERENCE) $(TRT_ARGS)
+	$(TRT_PY) -m qwenvl_lab.trtllm.pipeline --stage gpu $(TRT_ARGS)

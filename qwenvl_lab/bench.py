@@ -1,0 +1,400 @@
+"""Benchmark: eager transformers `generate` against the engine — TTFT, decode speed vs the bandwidth limit, peak memory.
+
+    python -m qwenvl_lab.bench --model toy --device cpu --batch 1 2 4 8 --new-tokens 32 --json toy-cpu.json
+    python -m qwenvl_lab.bench --model qwen-vl-chat --device cuda --dtype float16 --json data/benchmarks/h200.json
+
+Both sides get the same prompts (chat layout, one picture each as fake ids + a prompt table) and generate greedily
+without stopping. The vision tower is not timed: the pictures' features are computed once (random at Qwen-VL-Chat
+size, whose tower is a one-layer stub here). The limit is weight bytes read per decode step ÷ the bandwidth a
+matrix-vector product over the largest weight matrix reaches (in its faster memory layout), measured in the same run:
+the best of three probes, before the eager runs and before and after the engine's. CPU peak memory is the resident
+set above what the process held before that side's weights were loaded; CUDA peak memory is allocated memory.
+"""
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import resource
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from .checkpoint import load_checkpoint, make_tiny_checkpoint
+from .engine import BuildConfig, ModelRunner, build_engine
+from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
+from .prompt_table import to_torch_dtype
+from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
+from .toy import TOY_DIR
+
+MODELS = ("toy", "tiny", "qwen-vl-chat")
+IMAGES_DIR = Path(__file__).resolve().parents[1] / "data" / "images"
+NEWLINE_ID = 198  # "\n" in qwen.tiktoken
+KV_ROUND = 64  # engine limits are rounded up to this
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="toy", help="toy: data/toy-qwen-vl; tiny: a random tiny "
+                        "checkpoint; qwen-vl-chat: Qwen-VL-Chat's size with random weights, built on the device")
+    parser.add_argument("--checkpoint", type=Path, help="use this checkpoint directory instead of --model's")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                        help="engine and eager dtype (default float32 on cpu, float16 on cuda)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request (default 32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement, best kept (default 3)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="engine decode without CUDA graphs")
+    parser.add_argument("--no-compile", action="store_true", help="engine decode without torch.compile")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
+        parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r}: use cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA GPU here")
+    if args.model == "qwen-vl-chat" and args.checkpoint is None and device.type != "cuda":
+        parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
+    args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
+    return args
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device (CUDA work is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux /proc; else the lifetime peak)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class PeakMemory:
+    """Peak memory in use during a block, above `baseline`: CUDA allocator stats, or peak RSS (reset via clear_refs)."""
+
+    def __init__(self, device: torch.device, baseline: int):
+        self.device, self.baseline, self.peak = device, baseline, 0
+
+    def __enter__(self):
+        gc.collect()
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")  # Linux: peak RSS := current RSS
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.baseline
+        else:
+            status = Path("/proc/self/status").read_text() if Path("/proc/self/status").exists() else ""
+            hwm = [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")]
+            self.peak = (hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - self.baseline
+
+
+def release_memory(device: torch.device) -> None:
+    """Give freed memory back (CUDA cache; glibc's heap via malloc_trim) so the next peak starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+def memory_in_use(device: torch.device) -> int:
+    """What the peak is measured above: allocated CUDA memory, or this process's RSS."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else rss_bytes()
+
+
+def bandwidth_probe(weight: torch.Tensor, repeats: int) -> dict:
+    """Bandwidth of the fastest matrix-vector product over `weight` [out, in], in either memory layout (best of)."""
+    x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    layouts = {"[out, in]": (weight.contiguous(), lambda w: F.linear(x, w)),
+               "[in, out]": (weight.t().contiguous(), lambda w: x @ w)}
+    cuda = weight.device.type == "cuda"
+    timings = {}
+    with torch.inference_mode():
+        for layout, (matrix, product) in layouts.items():
+            for _ in range(3):
+                product(matrix)
+            best = float("inf")
+            for _ in range(repeats):
+                if cuda:  # kernel time from CUDA events, no launch or sync overhead
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    product(matrix)
+                    end.record()
+                    end.synchronize()
+                    best = min(best, start.elapsed_time(end) / 1e3)
+                else:
+                    begin = time.perf_counter()
+                    product(matrix)
+                    best = min(best, time.perf_counter() - begin)
+            timings[layout] = best
+    layout = min(timings, key=timings.get)
+    size = weight.numel() * weight.element_size()
+    return {"matrix": f"lm_head.weight {list(weight.shape)} {str(weight.dtype).removeprefix('torch.')}",
+            "layout": layout, "bytes": size, "seconds": timings[layout], "gb_per_s": size / timings[layout] / 1e9,
+            "gb_per_s_by_layout": {k: size / t / 1e9 for k, t in timings.items()}}
+
+
+def qwen_vl_chat_model(device: torch.device, dtype: torch.dtype) -> QWenLMHeadModel:
+    """Qwen-VL-Chat's language model at full size with random weights, made on the device (vision: a 1-layer stub)."""
+    config = QWenVLConfig(visual=dict(QWEN_VL_CHAT_VISUAL, layers=1))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = QWenLMHeadModel(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval().requires_grad_(False)
+
+
+def make_requests(count: int, vocab_size: int, seed: int) -> list[torch.Tensor]:
+    """`count` prompts in the chat layout around one picture span of fake ids (request i reads table rows 256·i…).
+
+    The text is random token ids (the speed does not depend on it; no tokenizer needed): a 20-id system turn and a
+    question of 8 + 5·i ids, so the requests differ in length.
+    """
+    generator = torch.Generator().manual_seed(seed)
+
+    def text(n):
+        return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
+
+    newline = torch.tensor([NEWLINE_ID])
+    requests = []
+    for i in range(count):
+        picture = torch.arange(vocab_size + IMG_TOKEN_SPAN * i, vocab_size + IMG_TOKEN_SPAN * (i + 1))  # [256]
+        requests.append(torch.cat([
+            torch.tensor([IM_START_ID]), text(20), torch.tensor([IM_END_ID]), newline,
+            torch.tensor([IM_START_ID]), text(6), torch.tensor([IMAGE_START_ID]), picture, torch.tensor([IMAGE_END_ID]),
+            newline, text(8 + 5 * i), torch.tensor([IM_END_ID]), newline, torch.tensor([IM_START_ID]), text(2), newline,
+        ]))
+    return requests
+
+
+def picture_features(model: QWenLMHeadModel, count: int, real: bool) -> torch.Tensor:
+    """input_vit [count, 256, H]: the model's vision tower on data/images, or random features of the embeddings' scale."""
+    visual, wte = model.transformer.visual, model.transformer.wte.weight
+    if real:
+        pictures = sorted(IMAGES_DIR.glob("*.png"))
+        with torch.inference_mode():
+            return visual.encode([pictures[i % len(pictures)] for i in range(count)]).to(wte.dtype)
+    scale = wte[:4096].float().std()  # a sample of rows is enough
+    return (torch.randn(count, IMG_TOKEN_SPAN, wte.shape[1], device=wte.device) * scale).to(wte.dtype)
+
+
+def eager_generate(model, requests, table, new_tokens: int) -> torch.Tensor:
+    """transformers `generate` on the left-padded batch with the prompt table: new tokens [B, new_tokens]."""
+    width = max(len(ids) for ids in requests)
+    input_ids = torch.full((len(requests), width), ENDOFTEXT_ID, dtype=torch.long)
+    mask = torch.zeros(len(requests), width, dtype=torch.long)
+    for i, ids in enumerate(requests):
+        input_ids[i, width - len(ids):], mask[i, width - len(ids):] = ids, 1
+    device = table.device
+    out = model.generate(input_ids.to(device), attention_mask=mask.to(device), prompt_table=table,
+                         tasks=torch.zeros(len(requests), dtype=torch.int32, device=device),
+                         task_vocab_size=IMG_TOKEN_SPAN, max_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=ENDOFTEXT_ID)
+    return out[:, width:]
+
+
+def engine_generate(runner, requests, table, new_tokens: int) -> torch.Tensor:
+    """The engine on the same requests and table (python-session convention, tasks 0): new tokens [B, new_tokens]."""
+    out = runner.generate(requests, prompt_table=table, prompt_tasks=",".join("0" * len(requests)),
+                          task_vocab_size=IMG_TOKEN_SPAN, max_new_tokens=new_tokens, end_id=-1, pad_id=ENDOFTEXT_ID)
+    return torch.stack([out[i, 0, len(ids) : len(ids) + new_tokens] for i, ids in enumerate(requests)]).long()
+
+
+def measure(generate, requests, table, new_tokens: int, repeats: int, device, baseline: int) -> dict:
+    """TTFT (a 1-token run), decode speed ((N-1) tokens ÷ (N-token run - TTFT)), peak memory, tokens."""
+    def timed(n):
+        synchronize(device)
+        start = time.perf_counter()
+        out = generate(requests, table, n)
+        synchronize(device)
+        return time.perf_counter() - start, out
+
+    timed(new_tokens)  # warm-up: allocator, kernels, CUDA graphs
+    ttft = min(timed(1)[0] for _ in range(repeats))
+    with PeakMemory(device, baseline) as peak:
+        total, tokens = timed(new_tokens)
+    total = min([total] + [timed(new_tokens)[0] for _ in range(repeats - 1)])
+    if total <= ttft:
+        raise RuntimeError(
+            f"the {new_tokens}-token run ({total * 1e3:.1f} ms) was not slower than the 1-token run ({ttft * 1e3:.1f} ms): "
+            "the machine is too busy to measure; rerun with more --repeats or --new-tokens "
+            "(and --threads 1 on a shared CPU)"
+        )
+    steps_per_s = (new_tokens - 1) / (total - ttft)
+    return {"batch": len(requests), "ttft_ms": ttft * 1e3, "total_ms": total * 1e3,
+            "decode_tokens_per_s": steps_per_s * len(requests), "decode_steps_per_s": steps_per_s,
+            "peak_mem_mb": peak.peak / 2**20, "tokens": tokens.cpu()}
+
+
+def hardware(device: torch.device) -> dict:
+    """What ran the benchmark."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), platform.processor())
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return info
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    """Load the model, measure eager then engine at every batch size; the report as a dict."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device, dtype = torch.device(args.device), to_torch_dtype(args.dtype)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    baseline = memory_in_use(device)
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        return measure_all(args, device, dtype, baseline, Path(workdir))
+
+
+def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, baseline: int, workdir: Path) -> dict:
+    """The benchmark proper (engine files and the tiny checkpoint go in `workdir`)."""
+    checkpoint = args.checkpoint or {"toy": TOY_DIR, "tiny": None, "qwen-vl-chat": None}[args.model]
+    if args.model == "tiny" and checkpoint is None:
+        checkpoint = make_tiny_checkpoint(workdir / "tiny", seed=args.seed, with_vocab=False)
+    if checkpoint is not None:
+        if not (Path(checkpoint) / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint at {checkpoint} (train the toy model, or pass --checkpoint DIR)")
+        model = load_checkpoint(checkpoint, dtype=dtype, device=device).requires_grad_(False)
+    else:
+        model = qwen_vl_chat_model(device, dtype)
+    batches = sorted(set(args.batch))
+    requests = make_requests(max(batches), model.config.vocab_size, args.seed)
+    input_vit = picture_features(model, max(batches), real=checkpoint is not None)  # [B, 256, H]
+    longest = max(len(ids) for ids in requests)
+    max_input_len = -(-longest // KV_ROUND) * KV_ROUND
+    build_config = BuildConfig(max_batch_size=max(batches), max_input_len=max_input_len,
+                               max_seq_len=-(-(longest + args.new_tokens) // KV_ROUND) * KV_ROUND,
+                               max_prompt_embedding_table_size=IMG_TOKEN_SPAN * max(batches), dtype=args.dtype)
+    probe_repeats = max(20, 5 * args.repeats)
+    probes = [bandwidth_probe(model.lm_head.weight, probe_repeats)]  # probed again later: the best one counts
+    tables = {b: input_vit[:b].reshape(-1, input_vit.shape[-1]) for b in batches}  # [b·256, H]
+
+    results = []
+    if not args.no_eager:
+        with torch.inference_mode():
+            for b in batches:
+                results.append({"method": "eager", **measure(lambda *a: eager_generate(model, *a), requests[:b], tables[b],
+                                                             args.new_tokens, args.repeats, device, baseline)})
+    runner_options = dict(device=device, cuda_graphs=False if args.no_cuda_graphs else None,
+                          compile_decode=False if args.no_compile else None)
+    if checkpoint is not None:
+        engine_dir = build_engine(checkpoint, workdir / "engine", build_config)
+        del model
+        release_memory(device)
+        baseline = memory_in_use(device)  # the engine's peak counts from here: its weights, cache and activations
+        runner = ModelRunner.from_dir(engine_dir, **runner_options)
+    else:
+        runner = ModelRunner.from_model(model, build_config, **runner_options)
+        del model  # the engine keeps the weights it shares with the model; its peak counts from the start
+        release_memory(device)
+    probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), probe_repeats))
+    for b in batches:
+        result = measure(lambda *a: engine_generate(runner, *a), requests[:b], tables[b], args.new_tokens,
+                         args.repeats, device, baseline)
+        eager = next((r for r in results if r["method"] == "eager" and r["batch"] == b), None)
+        if eager is not None:
+            result["same_tokens_as_eager"] = int((result["tokens"] == eager["tokens"]).all(dim=1).sum())
+        results.append({"method": "engine", **result})
+    probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), probe_repeats))
+    probe = max(probes, key=lambda p: p["gb_per_s"])
+    weight_bytes = runner.engine.weight_bytes_per_token  # the same tensors eager reads, in the same dtype
+    limit = probe["gb_per_s"] * 1e9 / weight_bytes  # decode steps per second the bandwidth allows
+    one = next((r for r in results if r["method"] == "engine" and r["batch"] == 1), None)
+    for r in results:
+        r.pop("tokens")
+        r["pct_of_limit"] = 100 * r["decode_steps_per_s"] / limit
+        if one is not None and r["method"] == "engine":
+            r["throughput_vs_batch1"] = r["decode_tokens_per_s"] / one["decode_tokens_per_s"]
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "hardware": hardware(device),
+        "model": {"name": args.model if args.checkpoint is None else str(args.checkpoint),
+                  "hidden_size": runner.hidden_size, "layers": runner.pretrained_config["num_hidden_layers"],
+                  "vocab_size": runner.vocab_size, "dtype": args.dtype, "weight_bytes_per_token": weight_bytes},
+        "bandwidth": {**probe, "limit_decode_steps_per_s": limit,
+                      "probes_gb_per_s": [p["gb_per_s"] for p in probes]},  # before eager, before and after the engine
+        "settings": {"device": str(device), "prompt_lengths": [len(ids) for ids in requests], "pictures_per_request": 1,
+                     "new_tokens": args.new_tokens, "repeats": args.repeats, "build_config": asdict(build_config),
+                     "cuda_graphs": runner.cuda_graphs, "compile_decode": runner.compile_decode,
+                     "vision_timed": False},
+        "results": results,
+    }
+
+
+def format_table(report: dict) -> str:
+    """The results as a fixed-width text table with the limit above it."""
+    bw = report["bandwidth"]
+    lines = [
+        f"{report['model']['name']} ({report['model']['dtype']}) on "
+        f"{report['hardware'].get('gpu', report['hardware']['cpu'])}",
+        f"bandwidth: {bw['gb_per_s']:.1f} GB/s over {bw['matrix']} (as {bw['layout']}) -> limit "
+        f"{bw['limit_decode_steps_per_s']:.1f} decode steps/s "
+        f"({report['model']['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step)",
+        f"engine: CUDA graphs {'on' if report['settings']['cuda_graphs'] else 'off'}, compiled decode "
+        f"{'on' if report['settings']['compile_decode'] else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
+        f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
+        f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
+        f"{'x batch 1':>9} {'same tokens':>11}",
+    ]
+    for r in report["results"]:
+        speedup = f"{r['throughput_vs_batch1']:.2f}" if "throughput_vs_batch1" in r else ""
+        same = f"{r['same_tokens_as_eager']}/{r['batch']}" if "same_tokens_as_eager" in r else ""
+        lines.append(f"{r['method']:<7} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
+                     f"{r['pct_of_limit']:>10.1f}% {r['peak_mem_mb']:>9.1f} {speedup:>9} {same:>11}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark, print the table, write the JSON."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = parse_args(argv)
+    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **run_benchmark(args)}
+    print(format_table(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Engine, forward — packed prefill and one decode step of the language model over a preallocated KV cache."""
+
+import importlib.util
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..modeling import RMSNorm, apply_rope, attention_bias, rope_cos_sin
+from .build import BuildConfig, check_engine_weights
+
+
+def attention_input(x, delta, ln_1: RMSNorm, qkv_t, qkv_b, cos, sin, heads: int):
+    """Residual add, ln_1, fused qkv and NeoX RoPE: (x, q [T, heads, hd], kv [T, 2, heads, hd])."""
+    if delta is not None:
+        x = x + delta  # [T, H]
+    qkv = torch.addmm(qkv_b, ln_1(x), qkv_t).view(x.shape[0], 3, heads, -1)  # [T, 3, heads, hd]
+    qk = apply_rope(qkv[:, :2], cos, sin)  # [T, 2, heads, hd]
+    return x, qk[:, 0], torch.cat([qk[:, 1:], qkv[:, 2:]], dim=1)
+
+
+def mlp_output(x, attn, dense_t, ln_2: RMSNorm, gate_fc_t, proj_t):
+    """Attention projection and residual, ln_2, gated MLP `proj(gate(x) * silu(fc(x)))`: (x, MLP output)."""
+    x = x + attn @ dense_t  # [T, H]
+    gate, fc = (ln_2(x) @ gate_fc_t).chunk(2, dim=-1)  # [T, ffn] each
+    return x, (gate * F.silu(fc)) @ proj_t
+
+
+def transposed(weight: torch.Tensor) -> torch.Tensor:
+    """A weight [out, in] as the engine multiplies it, `x @ w_t` with w_t [in, out].
+
+    On a CPU a contiguous copy: MKL's matrix-vector product over a row-major [in, out] matrix streams it about
+    three times faster than over [out, in] with short rows (the 151936 × 128 output layer of the toy model).
+    On CUDA the transposed view, which is what F.linear hands to cuBLAS.
+    """
+    return weight.t() if weight.device.type == "cuda" else weight.t().contiguous()
+
+
+class EngineLayer:
+    """One decoder layer's weights as the engine reads them: transposed (see `transposed`), gate and fc fused."""
+
+    def __init__(self, weights: dict, prefix: str, eps: float):
+        self.ln_1 = norm(weights[prefix + "input_layernorm.weight"], eps)
+        self.qkv_t = transposed(weights[prefix + "attention.qkv.weight"])  # [H, 3·heads·hd]
+        self.qkv_b = weights[prefix + "attention.qkv.bias"]
+        self.dense_t = transposed(weights[prefix + "attention.dense.weight"])  # [heads·hd, H]
+        self.ln_2 = norm(weights[prefix + "post_layernorm.weight"], eps)
+        gate_fc = torch.cat([weights[prefix + "mlp.gate.weight"], weights[prefix + "mlp.fc.weight"]])  # [2·ffn, H]
+        self.gate_fc_t = transposed(gate_fc)  # [H, 2·ffn]
+        self.proj_t = transposed(weights[prefix + "mlp.proj.weight"])  # [ffn, H]
+
+
+def norm(weight: torch.Tensor, eps: float) -> RMSNorm:
+    """modeling.RMSNorm holding `weight` (no copy)."""
+    module = RMSNorm(weight.shape[0], eps)
+    module.weight = nn.Parameter(weight, requires_grad=False)
+    return module
+
+
+def weight_bytes_per_token(weights: dict) -> int:
+    """Bytes of LM weights one decode step reads: every tensor but the embedding, of which it reads one row."""
+    embedding = weights["transformer.vocab_embedding.weight"]
+    rest = sum(t.numel() * t.element_size() for t in weights.values() if t is not embedding)
+    return rest + embedding.shape[1] * embedding.element_size()
+
+
+class LanguageModelEngine:
+    """The LM on one device: weights in the engine dtype, RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
+
+    def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device, compile_decode=False):
+        check_engine_weights(weights, pretrained_config)
+        self.dtype, self.device = build_config.torch_dtype, torch.device(device)
+        w = {name: t.to(device=self.device, dtype=self.dtype) for name, t in weights.items()}
+        self.weight_bytes_per_token = weight_bytes_per_token(w)
+        eps = pretrained_config["norm_epsilon"]
+        self.heads, self.head_dim = pretrained_config["num_attention_heads"], pretrained_config["head_size"]
+        self.vocab_size = pretrained_config["vocab_size"]
+        self.vocab_embedding = w["transformer.vocab_embedding.weight"]  # [V, H]: rows are looked up
+        self.lm_head_t = transposed(w["lm_head.weight"])  # [H, V]
+        self.ln_f = norm(w["transformer.ln_f.weight"], eps)
+        self.layers = [EngineLayer(w, f"transformer.layers.{i}.", eps)
+                       for i in range(pretrained_config["num_hidden_layers"])]
+        del w  # only the engine's layout of each weight is kept
+        self.max_seq_len = build_config.max_seq_len
+        rows = build_config.max_batch_size * build_config.max_beam_width
+        self.kv_cache = torch.zeros(len(self.layers), 2, rows, self.heads, self.max_seq_len, self.head_dim,
+                                    dtype=self.dtype, device=self.device)
+        positions = torch.arange(self.max_seq_len, device=self.device)
+        cos, sin = rope_cos_sin(positions[None], self.head_dim, pretrained_config["rotary_base"], self.dtype)
+        self.cos, self.sin = cos[0, 0], sin[0, 0]  # [S, hd]
+        self.key_pos, self.row_ids = positions, torch.arange(rows, device=self.device)
+        self.mask_value = torch.finfo(self.dtype).min
+        self.decode_attention_input, self.decode_mlp_output = attention_input, mlp_output
+        if compile_decode:
+            self.compile_decode()
+
+    def compile_decode(self) -> None:
+        """Fuse the decode step's small ops with torch.compile (Triton on CUDA): fewer kernels per layer."""
+        if self.device.type == "cuda" and importlib.util.find_spec("triton") is None:
+            warnings.warn("triton is not installed, so the decode step is not compiled (CUDA graphs still apply)")
+            return
+        self.decode_attention_input = torch.compile(attention_input, fullgraph=True)
+        self.decode_mlp_output = torch.compile(mlp_output, fullgraph=True)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Vocabulary rows of ids [T] (no prompt table): [T, H]."""
+        return F.embedding(ids, self.vocab_embedding)
+
+    def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range]) -> torch.Tensor:
+        """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V]."""
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [N]
+        cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [N, 1, 1, hd]
+        masks = [attention_bias(None, n, 0, self.dtype, self.device) for n in lengths]  # [1, 1, L, L] each
+        starts = [sum(lengths[:r]) for r in range(len(lengths))]
+        x, delta = embeds, None
+        for layer, cache in zip(self.layers, self.kv_cache):
+            x, q, kv = attention_input(x, delta, layer.ln_1, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
+            outputs = []
+            for start, n, slots, mask in zip(starts, lengths, rows, masks):
+                kv_r = kv[start : start + n].permute(1, 2, 0, 3)  # [2, heads, L, hd]
+                cache[:, slots.start : slots.stop, :, :n] = kv_r[:, None]  # every beam row of the request
+                k, v = kv_r
+                out = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1)[None], k[None], v[None],
+                                                     attn_mask=mask)  # [1, heads, L, hd]
+                outputs.append(out[0].transpose(0, 1).reshape(n, -1))
+            x, delta = mlp_output(x, torch.cat(outputs), layer.dense_t, layer.ln_2, layer.gate_fc_t, layer.proj_t)
+        last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=self.device)
+        return (self.ln_f(x[last] + delta[last]) @ self.lm_head_t).float()  # [B, V]
+
+    def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token per row: ids [n] at positions pos [n], attending to the first kv_len cache entries: logits [n, V]."""
+        n = ids.shape[0]
+        x = self.embed(ids)  # [n, H]
+        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [n, 1, 1, hd]
+        bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
+        rows, delta = self.row_ids[:n], None
+        for layer, cache in zip(self.layers, self.kv_cache):
+            x, q, kv = self.decode_attention_input(x, delta, layer.ln_1, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
+            cache[:, rows, :, pos] = kv  # [n, 2, heads, hd] into [2, rows, heads, S, hd]
+            out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
+                                                 attn_mask=bias)  # [n, heads, 1, hd]
+            x, delta = self.decode_mlp_output(x, out.reshape(n, -1), layer.dense_t, layer.ln_2, layer.gate_fc_t,
+                                              layer.proj_t)
+        return (self.ln_f(x + delta) @ self.lm_head_t).float()  # [n, V]
+
+    def reorder(self, src_rows: torch.Tensor, kv_len: int) -> None:
+        """Beam search: cache row i takes row src_rows[i]'s first kv_len keys and values."""
+        n = src_rows.shape[0]
+        self.kv_cache[:, :, :n, :, :kv_len] = self.kv_cache[:, :, src_rows, :, :kv_len]

@@ -1,0 +1,37 @@
+"""Engine, sampling — pick the next token: greedy, or temperature / top-k / top-p sampling (TensorRT-LLM's knobs)."""
+
+import torch
+
+
+def is_greedy(temperature, top_k, top_p) -> bool:
+    """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 = no top-k limit, 1 = greedy), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 <= top_p <= 1.0:
+        raise ValueError(f"top_p must be a number in [0, 1] (0 with top_k 0 = greedy), got {top_p!r}")
+    return top_k == 1 or (top_k == 0 and top_p == 0.0)
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Scores [n, V] divided by temperature, -inf outside the top_k and outside the smallest top_p mass (0/1: off)."""
+    scores = logits / temperature if temperature != 1.0 else logits
+    if 0 < top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]  # [n, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        ranked, order = scores.sort(dim=-1, descending=True)  # [n, V]
+        probs = ranked.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked tokens
+        drop = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, order, mass_before >= top_p)
+        scores = scores.masked_fill(drop, float("-inf"))  # the best token always stays (mass_before = 0)
+    return scores
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator=None) -> torch.Tensor:
+    """Next token of each row of logits [n, V]: argmax when greedy, else a draw from the filtered softmax: [n]."""
+    if is_greedy(temperature, top_k, top_p):
+        return logits.argmax(dim=-1)
+    probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

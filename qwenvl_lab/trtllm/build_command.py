@@ -1,0 +1,89 @@
+"""Step 10 — the `trtllm-build` command that makes the checkpoint an engine with a prompt-table input; running it."""
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import torch
+
+from ..prompt_table import DTYPES
+from ..tokenizing import IMG_TOKEN_SPAN
+from .gpu import GPUStackError, missing_gpu_stack
+
+IMAGE_IDS = IMG_TOKEN_SPAN + 2  # an image takes <img> + 256 + </img> positions of the input
+
+
+def dtype_name(dtype) -> str:
+    """"float16"/"bfloat16"/"float32" for a dtype given as that name or as a torch.dtype."""
+    names = {v: k for k, v in DTYPES.items()}
+    if isinstance(dtype, torch.dtype) and dtype in names:
+        return names[dtype]
+    if dtype in DTYPES:
+        return dtype
+    raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or the torch.dtype), got {dtype!r}")
+
+
+def prompt_table_size(build_config, images_per_request: int = 1) -> int:
+    """`--max_prompt_embedding_table_size` = 256 × images per request × max_batch_size (in-flight batching)."""
+    if isinstance(images_per_request, bool) or not isinstance(images_per_request, int) or images_per_request < 1:
+        raise ValueError(f"images_per_request must be a positive int, got {images_per_request!r}")
+    return IMG_TOKEN_SPAN * images_per_request * build_config.max_batch_size
+
+
+def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_request: int = 1) -> list[str]:
+    """The `trtllm-build` argument list for our engine's BuildConfig (the same limits, the same dtype)."""
+    table_size = prompt_table_size(build_config, images_per_request)
+    dtype = dtype_name(build_config.dtype)
+    configured = build_config.max_prompt_embedding_table_size
+    if configured != table_size:
+        why = ("an engine built with 0 has no prompt-table input and ignores the image (TensorRT-LLM issue #1300)"
+               if configured == 0 else "each request's table sits at row slot × size / max_batch_size")
+        raise ValueError(
+            f"build_config.max_prompt_embedding_table_size is {configured}, but {images_per_request} image(s) per "
+            f"request × max_batch_size {build_config.max_batch_size} need 256 × {images_per_request} × "
+            f"{build_config.max_batch_size} = {table_size} rows ({why}); make them agree"
+        )
+    if build_config.max_input_len < images_per_request * IMAGE_IDS:
+        raise ValueError(
+            f"max_input_len {build_config.max_input_len} cannot hold {images_per_request} image(s) of {IMAGE_IDS} ids "
+            "each (<img> + 256 + </img>) plus the question; raise max_input_len"
+        )
+    checkpoint_config = Path(checkpoint_dir) / "config.json"
+    if checkpoint_config.is_file():
+        checkpoint_dtype = json.loads(checkpoint_config.read_text()).get("dtype")
+        if checkpoint_dtype != dtype:
+            raise ValueError(
+                f"the checkpoint in {checkpoint_dir} is {checkpoint_dtype} but build_config.dtype is {dtype}; "
+                "convert with the same dtype or change build_config.dtype (the plugins run in that dtype)"
+            )
+    return [
+        "trtllm-build",
+        "--checkpoint_dir", str(checkpoint_dir),
+        "--output_dir", str(engine_dir),
+        "--gemm_plugin", dtype,
+        "--gpt_attention_plugin", dtype,
+        "--max_batch_size", str(build_config.max_batch_size),
+        "--max_beam_width", str(build_config.max_beam_width),
+        "--max_input_len", str(build_config.max_input_len),
+        "--max_seq_len", str(build_config.max_seq_len),
+        "--max_prompt_embedding_table_size", str(table_size),  # without it the image is silently ignored (#1300)
+        "--remove_input_padding", "enable",
+    ]
+
+
+def run_trtllm_build(command: list[str]) -> Path:
+    """Run a `trtllm_build_command` list (needs `trtllm-build` from tensorrt_llm 1.2.x and a GPU): the engine dir."""
+    command = [str(part) for part in command]
+    if not command or command[0] != "trtllm-build" or not {"--checkpoint_dir", "--output_dir"} <= set(command):
+        raise ValueError("run_trtllm_build takes the argument list made by trtllm_build_command")
+    checkpoint_dir = Path(command[command.index("--checkpoint_dir") + 1])
+    engine_dir = Path(command[command.index("--output_dir") + 1])
+    if not (checkpoint_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no TensorRT-LLM checkpoint in {checkpoint_dir}; run convert_to_trtllm_checkpoint")
+    missing = missing_gpu_stack("trtllm-build", "cuda")
+    if missing:
+        raise GPUStackError(
+            f"building the engine needs {'; '.join(missing)}. On a GPU machine run:\n{shlex.join(command)}")
+    subprocess.run(command, check=True)
+    return engine_dir

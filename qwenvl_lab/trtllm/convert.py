@@ -1,0 +1,194 @@
+"""Step 9 — Qwen-VL-Chat's language model as a TensorRT-LLM checkpoint (config.json + rank{N}.safetensors), and back."""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ..checkpoint import CheckpointError, check_state_dict, load_config
+from ..layout import hf_name, is_visual, to_trtllm_names
+from ..modeling import QWenLMHeadModel, QWenVLConfig
+from ..prompt_table import DTYPES, to_torch_dtype
+from ..tokenizing import IMAGE_START_ID
+from ..vision import VisionTransformer
+from .weights import iter_weights, load_visual_tower
+
+# how each tensor-parallel weight is cut (TensorRT-LLM 1.2.x QWen: ColumnLinear splits outputs, RowLinear inputs)
+QKV = "qkv"  # [3·heads·d, …]: Q, K and V each split per head
+SPLIT_DIM = {
+    "attention.qkv.weight": QKV,
+    "attention.qkv.bias": QKV,
+    "attention.dense.weight": 1,
+    "mlp.gate.weight": 0,
+    "mlp.fc.weight": 0,
+    "mlp.proj.weight": 1,
+    "lm_head.weight": 0,  # rows padded to a multiple of tp_size first
+}  # everything else (vocab_embedding, the norms) is kept whole on every rank
+PLACEHOLDER_VISUAL = dict(image_size=28, patch_size=14, width=64, layers=1, heads=1, mlp_ratio=1.0,
+                          image_start_id=IMAGE_START_ID)
+
+
+def split_dim(name: str):
+    """How the TensorRT-LLM weight `name` is split across ranks: 0, 1, "qkv", or None (kept whole)."""
+    return next((dim for suffix, dim in SPLIT_DIM.items() if name.endswith(suffix)), None)
+
+
+def shard(name: str, tensor: torch.Tensor, tp_size: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s part of the full TensorRT-LLM weight `name` under tensor parallelism."""
+    dim = split_dim(name)
+    if tp_size == 1 or dim is None:
+        return tensor
+    if dim == QKV:
+        qkv = tensor.reshape(3, tensor.shape[0] // 3, -1)  # [3, heads·d, H] (bias: [3, heads·d, 1])
+        return qkv.chunk(tp_size, dim=1)[rank].reshape(-1, *tensor.shape[1:])  # [3·heads·d/tp, …]
+    if name == "lm_head.weight":
+        tensor = F.pad(tensor, (0, 0, 0, -tensor.shape[0] % tp_size))  # [V padded to tp, H]
+    return tensor.chunk(tp_size, dim=dim)[rank]
+
+
+def unshard(name: str, parts: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """The full TensorRT-LLM weight `name` from every rank's part (inverse of `shard`)."""
+    dim = split_dim(name)
+    if len(parts) == 1 or dim is None:
+        return parts[0]
+    if dim == QKV:
+        full = torch.cat([p.reshape(3, p.shape[0] // 3, -1) for p in parts], dim=1)  # [3, heads·d, H]
+        return full.reshape(-1, *parts[0].shape[1:])
+    full = torch.cat(parts, dim=dim)
+    return full[:vocab_size] if name == "lm_head.weight" else full
+
+
+def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1) -> dict:
+    """config.json of the unified checkpoint: TensorRT-LLM 1.2.x QWenConfig fields for Qwen-VL-Chat's LM."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} (TensorRT-LLM checkpoint dtypes), got {dtype!r}")
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
+    ffn = config.intermediate_size // 2  # Qwen v1: intermediate_size is twice the MLP width
+    if config.num_attention_heads % tp_size or ffn % tp_size:
+        raise ValueError(
+            f"tp_size {tp_size} must divide the {config.num_attention_heads} attention heads and the MLP width {ffn}"
+        )
+    if config.rotary_pct != 1.0 or not config.no_bias:
+        raise ValueError(
+            f"TensorRT-LLM's QWen supports rotary_pct 1.0 and no_bias true (Qwen-VL-Chat's values); this config has "
+            f"rotary_pct {config.rotary_pct}, no_bias {config.no_bias}"
+        )
+    return {
+        "architecture": "QWenForCausalLM",
+        "qwen_type": "qwen",
+        "dtype": dtype,
+        "logits_dtype": "float32",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_attention_heads,
+        "head_size": config.kv_channels,
+        "intermediate_size": config.intermediate_size,  # the HF value; TensorRT-LLM halves it for qwen_type "qwen"
+        "hidden_act": "silu",
+        "position_embedding_type": "rope_gpt_neox",
+        "rotary_base": float(config.rotary_emb_base),
+        "rotary_scaling": None,
+        "norm_epsilon": config.layer_norm_epsilon,
+        "max_position_embeddings": config.max_position_embeddings,
+        "seq_length": config.seq_length,
+        "use_logn_attn": config.use_logn_attn,  # recorded as TensorRT-LLM does; its QWen layers do not apply it
+        "attn_bias": True,
+        "mlp_bias": False,
+        "use_parallel_embedding": False,  # vocab_embedding stays whole on every rank
+        "embedding_sharding_dim": 0,
+        "tie_word_embeddings": False,
+        "mapping": {"world_size": tp_size, "tp_size": tp_size, "pp_size": 1},
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+    }
+
+
+def convert_to_trtllm_checkpoint(checkpoint_dir, output_dir, dtype: str = "float16", tp_size: int = 1) -> Path:
+    """Write the TensorRT-LLM checkpoint of a Qwen-VL checkpoint's language model (no vision weights)."""
+    hf_config = load_config(checkpoint_dir)
+    config = trtllm_config(hf_config, dtype, tp_size)
+    with torch.device("meta"):
+        expected = {k: v for k, v in QWenLMHeadModel(hf_config).state_dict().items() if not is_visual(k)}
+    state = dict(iter_weights(checkpoint_dir, keep=lambda key: not is_visual(key)))
+    check_state_dict(state, expected)
+    weights = to_trtllm_names(state)
+    del state
+    ranks = [{} for _ in range(tp_size)]
+    for name in list(weights):
+        tensor = weights.pop(name).to(to_torch_dtype(dtype))
+        for rank, part in enumerate(ranks):
+            part[name] = shard(name, tensor, tp_size, rank).contiguous()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for rank, part in enumerate(ranks):
+        save_file(part, str(output_dir / f"rank{rank}.safetensors"), metadata={"format": "pt"})
+    return output_dir
+
+
+def read_trtllm_config(checkpoint_dir) -> dict:
+    """config.json of a TensorRT-LLM QWen checkpoint, checked to be one this package can read back."""
+    checkpoint_dir = Path(checkpoint_dir)
+    config_file = checkpoint_dir / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"{str(config_file)!r} not found; point at a directory written by convert_to_trtllm_checkpoint"
+        )
+    config = json.loads(config_file.read_text())
+    if config.get("architecture") != "QWenForCausalLM" or config.get("qwen_type") != "qwen":
+        raise CheckpointError(
+            f"{checkpoint_dir} is not a Qwen (v1) TensorRT-LLM checkpoint: architecture "
+            f"{config.get('architecture')!r}, qwen_type {config.get('qwen_type')!r}"
+        )
+    mapping = config.get("mapping", {})
+    if mapping.get("pp_size", 1) != 1 or (config.get("quantization") or {}).get("quant_algo") is not None:
+        raise CheckpointError(f"{checkpoint_dir}: only unquantized checkpoints without pipeline parallelism are read")
+    missing = [f"rank{r}.safetensors" for r in range(mapping.get("tp_size", 1))
+               if not (checkpoint_dir / f"rank{r}.safetensors").is_file()]
+    if missing:
+        raise CheckpointError(f"{checkpoint_dir} lacks {missing} for tp_size {mapping.get('tp_size', 1)}")
+    return config
+
+
+class NoVisionWeights(VisionTransformer):
+    """The vision tower's place in a model rebuilt from a TensorRT-LLM checkpoint alone, which has no vision weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Refuse: there are no trained weights to run."""
+        raise ValueError(
+            "this model was rebuilt from a TensorRT-LLM checkpoint, which holds no vision weights: pass "
+            "hf_dir=<the Qwen-VL checkpoint> to load_trtllm_checkpoint, or give images as a prompt_table "
+            "(fake ids >= vocab_size, see per_request_tables)"
+        )
+
+
+def load_trtllm_checkpoint(checkpoint_dir, hf_dir=None, dtype=None) -> QWenLMHeadModel:
+    """Rebuild QWenLMHeadModel from a TensorRT-LLM checkpoint, ranks merged; the vision tower comes from `hf_dir`.
+
+    Without `hf_dir` the tower is a small NoVisionWeights that refuses to run: images must then come as a prompt_table.
+    """
+    config = read_trtllm_config(checkpoint_dir)
+    ranks = [load_file(str(Path(checkpoint_dir) / f"rank{r}.safetensors")) for r in range(config["mapping"]["tp_size"])]
+    state = {hf_name(name): unshard(name, [part[name] for part in ranks], config["vocab_size"]) for name in ranks[0]}
+    if hf_dir is None:
+        visual = dict(PLACEHOLDER_VISUAL, output_dim=config["hidden_size"])
+        tower = NoVisionWeights(**visual)
+    else:
+        visual, tower = load_config(hf_dir).visual, load_visual_tower(hf_dir)
+    model_config = QWenVLConfig(
+        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
+        num_hidden_layers=config["num_hidden_layers"], num_attention_heads=config["num_attention_heads"],
+        intermediate_size=config["intermediate_size"], kv_channels=config["head_size"],
+        rotary_emb_base=config["rotary_base"], seq_length=config["seq_length"],
+        max_position_embeddings=config["max_position_embeddings"], layer_norm_epsilon=config["norm_epsilon"],
+        use_logn_attn=config["use_logn_attn"], visual=visual,
+    )
+    with torch.device("meta"):
+        model = QWenLMHeadModel(model_config)
+    model.transformer.visual = tower
+    check_state_dict(state, {k: v for k, v in model.state_dict().items() if not is_visual(k)})
+    model.load_state_dict(state, strict=False, assign=True)  # every language-model key, checked just above
+    return model.to(to_torch_dtype(config["dtype"] if dtype is None else dtype)).eval()

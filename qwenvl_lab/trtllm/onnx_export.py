@@ -1,0 +1,84 @@
+"""Step 8a — the vision tower to ONNX (opset 17, `input` [B, 3, S, S] → `output` [B, 256, H]) and run it on the CPU."""
+
+import copy
+import warnings
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import torch
+
+from ..modeling import QWenLMHeadModel
+from ..vision import N_QUERIES, VisionTransformer, preprocess_images
+from .vision_graph import INPUT_NAME, OPSET, OUTPUT_NAME, onnx_image_size
+from .weights import load_visual_tower
+
+
+def visual_tower_of(model_or_checkpoint) -> VisionTransformer:
+    """The float32 vision tower of a QWenLMHeadModel, a VisionTransformer or a checkpoint directory."""
+    if isinstance(model_or_checkpoint, QWenLMHeadModel):
+        tower = model_or_checkpoint.transformer.visual
+    elif isinstance(model_or_checkpoint, VisionTransformer):
+        tower = model_or_checkpoint
+    elif isinstance(model_or_checkpoint, (str, Path)):
+        return load_visual_tower(model_or_checkpoint, dtype=torch.float32)
+    else:
+        raise TypeError(
+            "export_visual_onnx takes a QWenLMHeadModel, a VisionTransformer or a checkpoint directory, "
+            f"got {type(model_or_checkpoint).__name__}"
+        )
+    if tower.conv1.weight.dtype != torch.float32:
+        tower = copy.deepcopy(tower).float()  # an fp32 graph: onnxruntime parity, TensorRT picks fp16 itself
+    return tower.eval()
+
+
+def export_visual_onnx(model_or_checkpoint, onnx_path) -> Path:
+    """Export `transformer.visual` to ONNX with a dynamic batch; checked with `onnx.checker` before returning."""
+    tower = visual_tower_of(model_or_checkpoint)
+    onnx_path = Path(onnx_path)
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    size = tower.image_size
+    pixels = torch.zeros(2, 3, size, size, device=tower.conv1.weight.device)  # [2, 3, S, S]: batch 2 keeps B symbolic
+    with warnings.catch_warnings(), torch.no_grad():
+        # the TorchScript exporter (and its internals) warn that they are deprecated, but torch.export's
+        # exporter (dynamo=True) needs onnxscript and writes opset-18 Split nodes that fail opset-17 checks
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # the input-shape check in forward
+        torch.onnx.export(
+            tower, (pixels,), str(onnx_path), dynamo=False, opset_version=OPSET,
+            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        )  # past 2 GB (the real 448-px tower) the weights go to files beside onnx_path
+    declare_output_shape(onnx_path, tower.output_dim)
+    onnx.checker.check_model(str(onnx_path))
+    return onnx_path
+
+
+def declare_output_shape(onnx_path, hidden: int) -> None:
+    """Write `output`'s shape as [batch, 256, H]: shape inference loses the 256 queries inside the resampler."""
+    graph_model = onnx.load(str(onnx_path), load_external_data=False)  # weights stored beside it stay there
+    dims = graph_model.graph.output[0].type.tensor_type.shape.dim
+    dims[1].dim_value, dims[2].dim_value = N_QUERIES, hidden
+    onnx.save(graph_model, str(onnx_path))
+
+
+class OnnxVisualEncoder:
+    """The exported vision tower as an onnxruntime session: the CPU vision engine, pixels → `input_vit`."""
+
+    def __init__(self, onnx_path, providers=("CPUExecutionProvider",)):
+        self.image_size = onnx_image_size(onnx_path)
+        self.session = ort.InferenceSession(str(onnx_path), providers=list(providers))
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, S, S] → input_vit [B, 256, H] (float32, CPU)."""
+        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (3, self.image_size, self.image_size):
+            raise ValueError(
+                f"expected pixels [B, 3, {self.image_size}, {self.image_size}], got {tuple(pixels.shape)}; "
+                "use preprocess_images"
+            )
+        feed = {INPUT_NAME: pixels.detach().float().cpu().contiguous().numpy()}
+        return torch.from_numpy(self.session.run([OUTPUT_NAME], feed)[0])  # [B, 256, H]
+
+    def encode(self, images) -> torch.Tensor:
+        """Paths or PIL images → `input_vit` [N, 256, H]."""
+        return self(preprocess_images(images, self.image_size))

@@ -1,0 +1,96 @@
+"""Step 8b — the vision tower as a TensorRT plan: built from the ONNX file (FP16, batches 1/1/4), run on the GPU."""
+
+from pathlib import Path
+
+import torch
+
+from ..vision import preprocess_images
+from .gpu import require_gpu_stack
+from .vision_graph import INPUT_NAME, OUTPUT_NAME, onnx_image_size
+
+
+def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
+    """Raise unless 1 <= min_batch <= opt_batch <= max_batch (integers)."""
+    values = (min_batch, opt_batch, max_batch)
+    integers = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    if not integers or not 1 <= min_batch <= opt_batch <= max_batch:
+        raise ValueError(
+            f"the batch profile needs integers 1 <= min_batch <= opt_batch <= max_batch, got {values}"
+        )
+
+
+def build_visual_plan(onnx_path, plan_path, fp16: bool = True, min_batch: int = 1, opt_batch: int = 1,
+                      max_batch: int = 4) -> Path:
+    """Build and save a TensorRT engine (`.plan`) of the exported vision tower with the `tensorrt` Python API."""
+    check_batch_profile(min_batch, opt_batch, max_batch)
+    size = onnx_image_size(onnx_path)
+    require_gpu_stack("tensorrt", "cuda", step="build_visual_plan")
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):  # from the file, so weights stored beside it are found
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
+    config = builder.create_builder_config()
+    if fp16:
+        config.set_flag(trt.BuilderFlag.FP16)
+    profile = builder.create_optimization_profile()
+    profile.set_shape(INPUT_NAME, (min_batch, 3, size, size), (opt_batch, 3, size, size), (max_batch, 3, size, size))
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise RuntimeError(f"TensorRT could not build a plan from {onnx_path}; its log above says why")
+    plan_path = Path(plan_path)
+    plan_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(plan_path, "wb") as f:
+        f.write(plan)  # IHostMemory is a buffer: no copy of the (GB-sized) engine
+    return plan_path
+
+
+class TRTVisualEncoder:
+    """A vision plan on the GPU with the interface of OnnxVisualEncoder: pixels → `input_vit`."""
+
+    def __init__(self, plan_path):
+        plan_path = Path(plan_path)
+        if not plan_path.is_file():
+            raise FileNotFoundError(f"plan file not found: {str(plan_path)!r}; make it with build_visual_plan")
+        require_gpu_stack("tensorrt", "cuda", step="TRTVisualEncoder")
+        import tensorrt as trt
+
+        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.engine = self.runtime.deserialize_cuda_engine(plan_path.read_bytes())
+        if self.engine is None:
+            raise RuntimeError(f"TensorRT could not load {plan_path} (built by another TensorRT version or GPU?)")
+        self.context = self.engine.create_execution_context()
+        self.image_size = self.engine.get_tensor_shape(INPUT_NAME)[2]
+        self.max_batch = self.engine.get_tensor_profile_shape(INPUT_NAME, 0)[2][0]  # (min, opt, max) shapes
+        self.output_dtype = {trt.float32: torch.float32, trt.float16: torch.float16}[
+            self.engine.get_tensor_dtype(OUTPUT_NAME)]
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, S, S] → input_vit [B, 256, H] on the GPU, max_batch images per run."""
+        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (3, self.image_size, self.image_size):
+            raise ValueError(
+                f"expected pixels [B, 3, {self.image_size}, {self.image_size}], got {tuple(pixels.shape)}; "
+                "use preprocess_images"
+            )
+        return torch.cat([self._run(chunk) for chunk in pixels.split(self.max_batch)])
+
+    def _run(self, pixels: torch.Tensor) -> torch.Tensor:
+        pixels = pixels.to("cuda", torch.float32).contiguous()  # [b, 3, S, S]
+        self.context.set_input_shape(INPUT_NAME, tuple(pixels.shape))
+        out = torch.empty(tuple(self.context.get_tensor_shape(OUTPUT_NAME)), dtype=self.output_dtype, device="cuda")
+        self.context.set_tensor_address(INPUT_NAME, pixels.data_ptr())
+        self.context.set_tensor_address(OUTPUT_NAME, out.data_ptr())
+        stream = torch.cuda.current_stream()
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT failed to run the vision plan")
+        stream.synchronize()
+        return out  # [b, 256, H]
+
+    def encode(self, images) -> torch.Tensor:
+        """Paths or PIL images → `input_vit` [N, 256, H]."""
+        return self(preprocess_images(images, self.image_size))

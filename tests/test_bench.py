@@ -1,0 +1,56 @@
+"""The benchmark runs end to end on the tiny model and reports a table and JSON of sane numbers (no speed asserted)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from qwenvl_lab import bench
+from qwenvl_lab.engine.forward import weight_bytes_per_token
+
+
+def test_tiny_benchmark_json(tmp_path, capsys):
+    path = tmp_path / "out" / "bench.json"
+    report = bench.main(["--model", "tiny", "--batch", "2", "1", "--new-tokens", "24", "--repeats", "2", "--json", path])
+    saved = json.loads(path.read_text())
+    assert saved["command"] == ("python -m qwenvl_lab.bench --model tiny --batch 2 1 --new-tokens 24 --repeats 2 "
+                                f"--json {path}")
+    assert saved["results"] == json.loads(json.dumps(report["results"]))
+    assert {"cpu", "torch", "transformers"} <= saved["hardware"].keys()
+    model, bw = saved["model"], saved["bandwidth"]
+    assert model["hidden_size"] == 128 and model["layers"] == 2 and model["dtype"] == "float32"
+    assert bw["bytes"] == 151936 * 128 * 4 and bw["gb_per_s"] > 0
+    assert math.isclose(bw["limit_decode_steps_per_s"], bw["gb_per_s"] * 1e9 / model["weight_bytes_per_token"])
+    assert saved["settings"]["build_config"]["max_prompt_embedding_table_size"] == 512  # 256 × 1 picture × batch 2
+    order = [(r["method"], r["batch"]) for r in saved["results"]]
+    assert order == [("eager", 1), ("eager", 2), ("engine", 1), ("engine", 2)]
+    for r in saved["results"]:
+        assert r["ttft_ms"] > 0 and r["total_ms"] > r["ttft_ms"] and r["peak_mem_mb"] > 0
+        assert math.isclose(r["decode_tokens_per_s"], r["decode_steps_per_s"] * r["batch"])
+        assert math.isclose(r["pct_of_limit"], 100 * r["decode_steps_per_s"] / bw["limit_decode_steps_per_s"])
+        if r["method"] == "engine":
+            assert r["same_tokens_as_eager"] == r["batch"]  # fp32 on the CPU: the same greedy tokens
+    assert saved["results"][2]["throughput_vs_batch1"] == 1.0
+    table = capsys.readouterr().out
+    assert "decode tok/s" in table and "% of limit" in table and "CUDA graphs off" in table
+    assert sum(line.startswith(("eager ", "engine ")) for line in table.splitlines()) == 4
+
+
+def test_weight_bytes_count_one_embedding_row():
+    weights = {"transformer.vocab_embedding.weight": torch.zeros(10, 4), "lm_head.weight": torch.zeros(10, 4),
+               "transformer.ln_f.weight": torch.zeros(4, dtype=torch.float16)}
+    assert weight_bytes_per_token(weights) == 4 * 4 + 10 * 4 * 4 + 4 * 2
+
+
+def test_bandwidth_probe_reads_the_matrix():
+    probe = bench.bandwidth_probe(torch.randn(256, 64), repeats=3)
+    assert probe["bytes"] == 256 * 64 * 4 and probe["seconds"] > 0 and "[256, 64]" in probe["matrix"]
+
+
+def test_bad_options(tmp_path):
+    for argv in (["--new-tokens", "1"], ["--device", "tpu"], ["--model", "qwen-vl-chat", "--device", "cpu"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        bench.main(["--checkpoint", str(tmp_path), "--new-tokens", "2"])

@@ -1,0 +1,83 @@
+"""Sampling and the runner's outputs: the filters match transformers', seeds reproduce, streaming shows each step."""
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from qwenvl_lab.engine import ModelRunner
+from qwenvl_lab.engine.sampling import filter_logits, is_greedy, sample_tokens
+
+PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30])]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_engine):
+    return ModelRunner.from_dir(tiny_engine)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 5, 1.0), (0.7, 0, 0.3), (1.3, 50, 0.9), (0.5, 3, 0.5)])
+def test_filter_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p):
+    logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(top_k)) * 3
+    expected = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        expected = TopKLogitsWarper(top_k)(None, expected)
+    if top_p < 1.0:
+        expected = TopPLogitsWarper(top_p)(None, expected)
+    ours = filter_logits(logits, temperature, top_k, top_p)
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))
+    assert torch.allclose(ours[~torch.isinf(ours)], expected[~torch.isinf(expected)])
+
+
+def test_greedy_knobs():
+    assert is_greedy(1.0, 1, 0.0) and is_greedy(0.5, 0, 0.0)  # TensorRT-LLM: top_k 1, or top_k 0 with top_p 0
+    assert not is_greedy(1.0, 0, 0.3) and not is_greedy(1.0, 2, 0.0)
+    logits = torch.randn(3, 50)
+    assert torch.equal(sample_tokens(logits, 1.0, 1, 0.0), logits.argmax(-1))
+
+
+def test_sampling_draws_only_kept_tokens_and_follows_the_seed():
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(0))
+    draws = torch.cat([sample_tokens(logits, 1.0, 3, 1.0, torch.Generator().manual_seed(s)) for s in range(40)])
+    assert set(draws.tolist()) <= set(logits.topk(3).indices[0].tolist()) and len(set(draws.tolist())) > 1
+    first = sample_tokens(logits.expand(8, -1), 1.0, 0, 0.9, torch.Generator().manual_seed(1))
+    assert torch.equal(first, sample_tokens(logits.expand(8, -1), 1.0, 0, 0.9, torch.Generator().manual_seed(1)))
+
+
+def test_runner_sampling(runner):
+    greedy = runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0)
+    kept_one = runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, top_k=1, temperature=0.3, top_p=0.9)
+    assert torch.equal(greedy, kept_one)  # top_k 1 is greedy whatever the other knobs say
+    a, b, c = (runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, top_k=0, top_p=1.0, temperature=2.0,
+                               random_seed=seed) for seed in (7, 7, 8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_streaming_yields_every_step_then_the_result(runner):
+    steps = list(runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, streaming=True, return_dict=True))
+    final = runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, return_dict=True)
+    assert len(steps) == 4 and torch.equal(steps[-1]["output_ids"], final["output_ids"])
+    assert [s["sequence_lengths"][:, 0].tolist() for s in steps] == [[5 + t, 8 + t] for t in range(1, 5)]
+    beams = list(runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, num_beams=3, streaming=True))
+    assert len(beams) == 3 and beams[-1].shape == (2, 3, 11)
+    assert torch.equal(beams[-1], runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, num_beams=3))
+
+
+def test_output_layout(runner):
+    """Each row: its ids, its new tokens (end_id included), then pad_id; sequence_lengths count ids + new tokens."""
+    free = runner.generate(PROMPTS, max_new_tokens=5, end_id=-1, pad_id=0, return_dict=True)
+    end_id = int(free["output_ids"][1, 0, 8 + 1])  # the second new token of request 1
+    out = runner.generate(PROMPTS, max_new_tokens=5, end_id=end_id, pad_id=7, return_dict=True)
+    ids, lengths = out["output_ids"], out["sequence_lengths"]
+    assert ids.shape == (2, 1, 13) and ids.dtype == torch.int32
+    stop = int(lengths[1, 0])
+    assert stop <= 10 and int(ids[1, 0, stop - 1]) == end_id and (ids[1, 0, stop:] == 7).all()
+    assert torch.equal(ids[0, 0, :5], PROMPTS[0].int()) and (ids[0, 0, 5 + 5 :] == 7).all()
+
+
+def test_one_generation_at_a_time(runner):
+    stream = runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, streaming=True)
+    next(stream)
+    with pytest.raises(RuntimeError, match="a streaming generation still holds this runner's KV cache"):
+        runner.generate(PROMPTS, max_new_tokens=3)
+    stream.close()
+    assert runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0).shape == (2, 1, 11)
