@@ -1,5 +1,8 @@
 """Step 4 — the prompt table: `ptuning_setup` and TensorRT-LLM's `PromptTuningEmbedding` lookup."""
 
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from .fake_ids import make_fake_prompt_ids, replace_image_spans
@@ -16,6 +19,25 @@ def to_torch_dtype(dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or a torch.dtype")
     return DTYPES[dtype]
+
+
+def runtime_prompt_table(prompt_table, hidden_size: int, dtype) -> torch.Tensor:
+    """A table handed to an engine at run time (tensor or .npy path): [rows, H] or [tables, rows, H], engine dtype."""
+    if isinstance(prompt_table, (str, Path)):
+        prompt_table = torch.from_numpy(np.load(prompt_table))
+    if not isinstance(prompt_table, torch.Tensor):
+        raise TypeError(f"prompt_table must be a torch.Tensor (or a .npy path), got {type(prompt_table).__name__}")
+    if prompt_table.dim() not in (2, 3) or prompt_table.shape[-1] != hidden_size:
+        raise ValueError(
+            f"prompt_table must be [rows, {hidden_size}] (with task_vocab_size) or [tables, rows, {hidden_size}] "
+            f"(one table per task), {hidden_size} being the engine's hidden size; got {tuple(prompt_table.shape)}"
+        )
+    if prompt_table.dtype != to_torch_dtype(dtype):
+        raise TypeError(
+            f"prompt_table is {prompt_table.dtype} but the engine runs in {to_torch_dtype(dtype)}: cast it "
+            "(ptuning_setup(input_vit, dtype=…, …) does)"
+        )
+    return prompt_table
 
 
 def ptuning_setup(prompt_table, dtype, hidden_size: int, tasks=None, input_ids=None):

@@ -44,7 +44,7 @@ def test_config_has_the_reference_fields_for_qwen_vl_chat():
 @pytest.mark.parametrize("tp", [1, 2])
 def test_rank_files_hold_the_language_model_only_with_split_shapes(tiny, tp):
     checkpoint, model, converted = tiny
-    h, heads, ff = model.config.hidden_size, model.config.num_attention_heads, model.config.intermediate_size // 2
+    h, ff = model.config.hidden_size, model.config.intermediate_size // 2
     assert json.loads((converted[tp] / "config.json").read_text())["mapping"]["tp_size"] == tp
     hf = read_state_dict(checkpoint)
     names = {trtllm_name(k) for k in hf if not k.startswith("transformer.visual.")}

@@ -137,7 +137,7 @@ def test_image_spans_still_holding_a_path_are_refused(runner):
     (dict(batch_input_ids=[torch.tensor([1])], prompt_tasks="0"), ValueError, "without a prompt_table"),
     (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, 64).half()), ValueError,
      r"\[tables, rows, 128\]"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H)), TypeError, "runs in float16"),
+    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H)), TypeError, "runs in torch.float16"),
     (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=[[0.0]]), TypeError, "torch.Tensor"),
     (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="0,1"),
      ValueError, "2 prompt_tasks for 1 requests"),

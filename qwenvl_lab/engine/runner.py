@@ -2,12 +2,11 @@
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..img_pos import locate_img_pos
 from ..layout import to_trtllm_names
-from ..prompt_table import prompt_tuning_embedding
+from ..prompt_table import prompt_tuning_embedding, runtime_prompt_table
 from ..tokenizing import IM_END_ID, IMAGE_START_ID
 from ..trtllm.convert import trtllm_config
 from ..trtllm.runner import as_id_list, parse_tasks
@@ -174,20 +173,7 @@ class ModelRunner:
                 "images (the flag article 2's trtllm-build command leaves out; TensorRT-LLM issue #1300). Rebuild with "
                 "BuildConfig(max_prompt_embedding_table_size=256 × images per request × max_batch_size)"
             )
-        if isinstance(prompt_table, (str, Path)):
-            prompt_table = torch.from_numpy(np.load(prompt_table))
-        if not isinstance(prompt_table, torch.Tensor):
-            raise TypeError(f"prompt_table must be a torch.Tensor (or a .npy path), got {type(prompt_table).__name__}")
-        if prompt_table.dim() not in (2, 3) or prompt_table.shape[-1] != self.hidden_size:
-            raise ValueError(
-                f"prompt_table must be [rows, {self.hidden_size}] or [tables, rows, {self.hidden_size}] (the engine's "
-                f"hidden size), got {tuple(prompt_table.shape)}"
-            )
-        if prompt_table.dtype != self.dtype:
-            raise TypeError(
-                f"prompt_table is {prompt_table.dtype} but the engine runs in {self.dtype}: cast it "
-                "(ptuning_setup(input_vit, dtype=runner.dtype, …) does)"
-            )
+        prompt_table = runtime_prompt_table(prompt_table, self.hidden_size, self.dtype)
         if prompt_table.dim() == 3:
             num_tables, tvs = prompt_table.shape[0], prompt_table.shape[1]
             if task_vocab_size is not None and int(torch.as_tensor(task_vocab_size).reshape(-1)[0]) != tvs:

@@ -221,7 +221,7 @@ class CompactVocab(torch.nn.Module):
             model.lm_head.weight[self.output_ids_used] = self.head
 
 
-def train(steps=1600, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_every=500):
+def train(steps=3200, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_every=500):
     """Train the toy model and save it in Qwen-VL-Chat's layout; returns the model."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -271,12 +271,12 @@ def train(steps=1600, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_e
 def main(argv=None):
     """Command line: python -m qwenvl_lab.toy.train [--steps N] [--out DIR]."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1600)
+    parser.add_argument("--steps", type=int, default=3200)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=TOY_DIR)
-    parser.add_argument("--eval-every", type=int, default=400)
+    parser.add_argument("--eval-every", type=int, default=800)
     args = parser.parse_args(argv)
     train(args.steps, args.batch_size, args.lr, args.seed, args.out, args.eval_every)
     print(f"saved to {args.out}")

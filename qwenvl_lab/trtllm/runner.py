@@ -4,11 +4,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..img_pos import locate_img_pos
-from ..prompt_table import to_torch_dtype
+from ..prompt_table import runtime_prompt_table
 from ..tokenizing import IM_END_ID, IMAGE_START_ID
 from .gpu import require_gpu_stack
 
@@ -199,20 +198,7 @@ class TRTLLMRunner:
                 "this engine was built without --max_prompt_embedding_table_size, so it has no prompt-table input and "
                 "would ignore the image (TensorRT-LLM issue #1300); rebuild it with trtllm_build_command"
             )
-        if isinstance(prompt_table, (str, Path)):
-            prompt_table = torch.from_numpy(np.load(prompt_table))
-        if not isinstance(prompt_table, torch.Tensor):
-            raise TypeError(f"prompt_table must be a torch.Tensor (or a .npy path), got {type(prompt_table).__name__}")
-        if prompt_table.dim() not in (2, 3) or prompt_table.shape[-1] != cfg.hidden_size:
-            raise ValueError(
-                f"prompt_table must be [tables, rows, {cfg.hidden_size}] (one table per task) or [rows, "
-                f"{cfg.hidden_size}] with task_vocab_size, got {tuple(prompt_table.shape)}"
-            )
-        if prompt_table.dtype != to_torch_dtype(cfg.dtype):
-            raise TypeError(
-                f"prompt_table is {prompt_table.dtype} but the engine runs in {cfg.dtype}: cast it "
-                "(ptuning_setup(input_vit, dtype=…) does)"
-            )
+        return runtime_prompt_table(prompt_table, cfg.hidden_size, cfg.dtype)
         return prompt_table
 
     @staticmethod

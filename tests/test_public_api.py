@@ -1,0 +1,25 @@
+"""The public names are importable from `qwenvl_lab`, documented, and `import qwenvl_lab` stays light."""
+
+import subprocess
+import sys
+
+import pytest
+
+import qwenvl_lab
+
+
+@pytest.mark.parametrize("name", qwenvl_lab.__all__)
+def test_public_name_is_importable_and_documented(name):
+    obj = getattr(qwenvl_lab, name)
+    assert obj.__doc__ and obj.__doc__.strip(), f"{name} has no docstring"
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        qwenvl_lab.nope  # noqa: B018
+
+
+def test_import_does_not_load_the_model_or_transformers():
+    code = "import sys, qwenvl_lab; print('transformers' in sys.modules, 'qwenvl_lab.modeling' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
