@@ -25,7 +25,7 @@ def case(request, tiny_model, tiny_engine, tmp_path_factory):
     else:
         if not (TOY_DIR / "config.json").is_file():
             pytest.skip(f"the toy model is not trained yet ({TOY_DIR})")
-        model = load_checkpoint(TOY_DIR).requires_grad_(False)
+        model = load_checkpoint(TOY_DIR, dtype="float32").requires_grad_(False)  # stored in bfloat16
         engine_dir = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), BuildConfig(
             max_batch_size=8, max_input_len=768, max_seq_len=800, max_prompt_embedding_table_size=4096, max_beam_width=3))
     return model, ModelRunner.from_dir(engine_dir), load_vision_tower(engine_dir)

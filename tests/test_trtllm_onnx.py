@@ -88,7 +88,7 @@ def test_export_from_the_tower_and_from_the_model_agree(tiny, tmp_path):
 
 @pytest.mark.skipif(not (TOY_DIR / "config.json").is_file(), reason="needs the toy checkpoint data/toy-qwen-vl")
 def test_toy_model_parity(tmp_path):
-    model = load_checkpoint(TOY_DIR)
+    model = load_checkpoint(TOY_DIR, dtype="float32")  # stored in bfloat16
     onnx_path = export_visual_onnx(model, tmp_path / "toy.onnx")
     size = model.config.visual["image_size"]
     pixels = torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(0))
