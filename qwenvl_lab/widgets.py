@@ -1,0 +1,372 @@
+"""The course's interactive parts: token viewer, prompt-table explorer and ask-the-model panel (logic + widgets)."""
+
+import html
+import io
+from dataclasses import dataclass
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from .img_pos import as_batch
+from .prompt_table import single_table_batch
+from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS, make_context
+from .toy.evaluate import ask
+from .toy.train import SPAN_NAME
+
+# One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
+KIND_COLORS = {
+    "text": "#e9ecef",
+    "special": "#ffd166",
+    "image_tag": "#f4a261",
+    "image_path_byte": "#8ecae6",
+    "imgpad": "#cdb4db",
+    "vocab_pad": "#ef476f",
+    "fake_prompt_id": "#95d5b2",
+}
+PADDING_COLOR = "#ffffff"
+COLLAPSIBLE = ("imgpad", "fake_prompt_id")  # long runs of these kinds show as one chip
+CHIP_STYLE = ("display:inline-block;margin:1px;padding:0 3px;border-radius:3px;white-space:pre;text-align:center;"
+              "background:")
+ID_STYLE = "display:block;font-size:9px;color:#444"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One coloured box of the token view: positions start…stop-1, all of one kind."""
+
+    start: int
+    stop: int
+    kind: str
+    label: str
+    title: str
+
+
+def token_label(tokenizer, token_id: int, kind: str) -> str:
+    """Short text shown on a token's chip (spaces as ·, newlines as ↵)."""
+    if kind == "image_path_byte":
+        return chr(token_id) if 32 < token_id < 127 else f"\\x{token_id:02x}"
+    if kind == "fake_prompt_id":
+        return f"V+{token_id - MODEL_VOCAB_SIZE}"
+    return tokenizer.decode([token_id]).replace(" ", "·").replace("\n", "↵")
+
+
+@dataclass(frozen=True)
+class TokenView:
+    """A token sequence with each id's kind and meaning; shows as coloured chips (`_repr_html_`)."""
+
+    ids: tuple[int, ...]
+    kinds: tuple[str, ...]
+    meanings: tuple[str, ...]
+    labels: tuple[str, ...]
+    collapse: int = 8
+
+    @classmethod
+    def of(cls, tokenizer, ids, collapse: int = 8) -> "TokenView":
+        """Read kinds and meanings of `ids` [L] from the tokenizer (`token_kinds`, `describe_tokens`)."""
+        ids = as_batch(ids)
+        if ids.shape[0] != 1:
+            raise ValueError(f"TokenView shows one sequence, got a batch of {ids.shape[0]}; pass input_ids[b]")
+        if isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 2:
+            raise ValueError(f"collapse must be an int >= 2 (the shortest run shown as one chip), got {collapse!r}")
+        ids = ids[0].tolist()
+        kinds = tokenizer.token_kinds(ids)
+        labels = [token_label(tokenizer, i, kind) for i, kind in zip(ids, kinds)]
+        return cls(tuple(ids), tuple(kinds), tuple(tokenizer.describe_tokens(ids)), tuple(labels), collapse)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"TokenView({len(self)} ids: " + ", ".join(f"{k} {n}" for k, n in self.counts().items()) + ")"
+
+    def counts(self) -> dict[str, int]:
+        """Number of ids of each kind present, in TOKEN_KINDS order."""
+        return {kind: self.kinds.count(kind) for kind in TOKEN_KINDS if kind in self.kinds}
+
+    def check_position(self, position) -> int:
+        """Return `position` if it indexes the sequence, else raise a ValueError."""
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise TypeError(f"position must be an int, got {type(position).__name__}")
+        if not 0 <= position < len(self):
+            raise ValueError(f"position {position} is outside the sequence: choose 0…{len(self) - 1}")
+        return position
+
+    def describe(self, position: int) -> str:
+        """One line about the id at `position`: its value, kind and meaning."""
+        p = self.check_position(position)
+        return f"position {p}: id {self.ids[p]} · {self.kinds[p]} · {self.meanings[p]}"
+
+    def chips(self) -> list[Chip]:
+        """Chips in order: one per id, except runs of `collapse` or more `<imgpad>` / fake ids, which share one."""
+        chips, p = [], 0
+        while p < len(self):
+            kind, q = self.kinds[p], p + 1
+            while kind in COLLAPSIBLE and q < len(self) and self.kinds[q] == kind:
+                q += 1
+            if q - p < self.collapse:
+                q = p + 1
+            if q - p == 1:
+                label = self.labels[p]
+                title = f"{p}: id {self.ids[p]} · {self.meanings[p]}"
+            elif kind == "imgpad":
+                label = f"<imgpad> ×{q - p}"
+                title = f"{p}–{q - 1}: {q - p} × id {IMAGE_PAD_ID} <imgpad> (image_start_id + 2)"
+            else:
+                first, last = self.ids[p], self.ids[q - 1]
+                label = f"V+{first - MODEL_VOCAB_SIZE} … V+{last - MODEL_VOCAB_SIZE}"
+                title = f"{p}–{q - 1}: {q - p} fake prompt ids {first} … {last} (V = {MODEL_VOCAB_SIZE})"
+            chips.append(Chip(p, q, kind, label, title))
+            p = q
+        return chips
+
+    def to_html(self, selected: int | None = None, legend: bool = True, show_ids: bool = True) -> str:
+        """Chips as HTML (hover shows each id's meaning); the chip holding `selected` gets a black outline."""
+        if selected is not None:
+            self.check_position(selected)
+        parts = [kind_legend_html(self.counts())] if legend else []
+        parts.append('<div style="font-family:monospace;font-size:12px;line-height:1.8">')
+        for chip in self.chips():
+            outline = "outline:2px solid #000;" if selected is not None and chip.start <= selected < chip.stop else ""
+            ids = f"{self.ids[chip.start]}" + (f"…{self.ids[chip.stop - 1]}" if chip.stop - chip.start > 1 else "")
+            under = f'<span style="{ID_STYLE}">{ids}</span>' if show_ids else ""
+            style = f"{outline}{CHIP_STYLE}{KIND_COLORS[chip.kind]}"
+            label = html.escape(chip.label)
+            parts.append(f'<span title="{html.escape(chip.title)}" style="{style}">{label}{under}</span>')
+        parts.append("</div>")
+        return "".join(parts)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def kind_legend_html(counts: dict[str, int]) -> str:
+    """A legend line: one coloured box per kind with its count."""
+    for kind in counts:
+        if kind not in KIND_COLORS:
+            raise ValueError(f"unknown token kind {kind!r}; kinds are {TOKEN_KINDS}")
+    boxes = "".join(f'<span style="{CHIP_STYLE}{KIND_COLORS[k]}">{html.escape(k)} {n}</span>'
+                    for k, n in counts.items())
+    return f'<div style="font-family:monospace;font-size:12px;margin-bottom:4px">{boxes}</div>'
+
+
+def token_viewer(tokenizer, ids, collapse: int = 8):
+    """Widget: the coloured sequence, a position slider and the selected id's meaning."""
+    import ipywidgets as widgets
+
+    view = TokenView.of(tokenizer, ids, collapse)
+    if not len(view):
+        raise ValueError("no ids to show: the sequence is empty")
+    slider = widgets.IntSlider(value=0, min=0, max=len(view) - 1, description="position",
+                               layout=widgets.Layout(width="100%"))
+    chips = widgets.HTML(view.to_html(selected=0))
+    info = widgets.HTML(html.escape(view.describe(0)))
+
+    def on_select(change):
+        chips.value = view.to_html(selected=change["new"])
+        info.value = html.escape(view.describe(change["new"]))
+
+    slider.observe(on_select, names="value")
+    return widgets.VBox([chips, slider, info])
+
+
+# Figures
+
+
+def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax=None, title: str = "token kinds"):
+    """A batch [B, L] as coloured cells, one colour per token kind (padding white); `img_pos` ticks mark the tags."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    input_ids = as_batch(input_ids)  # [B, L]
+    kinds = [tokenizer.token_kinds(row) for row in input_ids.tolist()]
+    grid = torch.tensor([[TOKEN_KINDS.index(k) for k in row] for row in kinds])  # [B, L]
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
+                             f"{tuple(input_ids.shape)}; give one mask value per id")
+        grid[attention_mask == 0] = len(TOKEN_KINDS)  # padding
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * input_ids.shape[0]))
+    cmap = ListedColormap([KIND_COLORS[k] for k in TOKEN_KINDS] + [PADDING_COLOR])
+    ax.imshow(grid.numpy(), aspect="auto", cmap=cmap, vmin=-0.5, vmax=len(TOKEN_KINDS) + 0.5, interpolation="nearest")
+    if img_pos is not None:
+        img_pos = torch.as_tensor(img_pos).reshape(-1, 3)
+        outside = len(img_pos) and (int(img_pos[:, 0].max()) >= input_ids.shape[0]
+                                    or int(img_pos[:, 1:].max()) >= input_ids.shape[1])
+        if outside:
+            raise ValueError(f"img_pos points outside the batch of shape {tuple(input_ids.shape)}")
+        for i, a, b in img_pos.tolist():
+            ax.plot([a, b], [i, i], "|", color="black", markersize=14, markeredgewidth=2)
+    shown = set(grid.unique().tolist())
+    handles = [Patch(color=KIND_COLORS[k], label=k) for n, k in enumerate(TOKEN_KINDS) if n in shown]
+    if len(TOKEN_KINDS) in shown:
+        handles.append(Patch(facecolor=PADDING_COLOR, edgecolor="#999999", label="padding"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    ax.set(xlabel="position", ylabel="sequence", yticks=range(input_ids.shape[0]), title=title)
+    return ax
+
+
+# The prompt-table explorer
+
+
+def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: int | None = None) -> torch.Tensor:
+    """(sequence, position, fake id, table row) of every id >= vocab_size: row = id - V + task × task_vocab_size."""
+    input_ids = as_batch(input_ids)  # [B, L]
+    tasks = torch.as_tensor(tasks).reshape(-1).long()
+    if tasks.shape[0] != input_ids.shape[0]:
+        raise ValueError(f"{tasks.shape[0]} tasks for a batch of {input_ids.shape[0]}: give one task per sequence")
+    if (tasks < 0).any():
+        raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
+    task_vocab_size = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+    seq, pos = torch.where(input_ids >= vocab_size)
+    fake = input_ids[seq, pos]
+    rows = fake - vocab_size + tasks[seq] * task_vocab_size
+    if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
+        raise ValueError(f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
+                         "(on a GPU engine this read would go out of bounds)")
+    return torch.stack([seq, pos, fake, rows], dim=1)  # [M, 4]
+
+
+def describe_lookup(entry, tasks, task_vocab_size, vocab_size: int) -> str:
+    """One line: which prompt-table row the fake id at (sequence, position) reads, and why."""
+    seq, pos, fake, row = (int(v) for v in entry)
+    task = int(torch.as_tensor(tasks).reshape(-1)[seq])
+    tvs = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+    return (f"sequence {seq}, position {pos}: fake id {fake} = V + {fake - vocab_size} → "
+            f"row {fake - vocab_size} + task {task} × {tvs} = prompt_table row {row}")
+
+
+def table_heatmap(prompt_table: torch.Tensor, highlight=(), ax=None, title: str = "prompt_table"):
+    """Heat map of a prompt table [rows, H] (rows down, hidden dims across); `highlight` rows are boxed."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    if not isinstance(prompt_table, torch.Tensor) or prompt_table.dim() != 2:
+        raise ValueError("table_heatmap takes a 2-D prompt table [rows, H] (flatten input_vit with ptuning_setup)")
+    table = prompt_table.detach().float().cpu()
+    rows, hidden = table.shape
+    highlight = [int(r) for r in highlight]
+    for r in highlight:
+        if not 0 <= r < rows:
+            raise ValueError(f"cannot highlight row {r}: the table has rows 0…{rows - 1}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    limit = float(table.abs().max()) or 1.0
+    image = ax.imshow(table.numpy(), aspect="auto", cmap="coolwarm", vmin=-limit, vmax=limit, interpolation="nearest")
+    for r in highlight:
+        ax.add_patch(Rectangle((-0.5, r - 0.5), hidden, 1, fill=False, edgecolor="black", linewidth=1.5))
+    ax.set(xlabel="hidden dimension", ylabel="row", title=f"{title} [{rows}, {hidden}]")
+    ax.figure.colorbar(image, ax=ax, fraction=0.04)
+    return ax
+
+
+def table_explorer(input_ids, prompt_table, tasks, task_vocab_size, vocab_size: int):
+    """Widget: pick a fake id in the sequence, see which table row it reads, boxed on the heat map."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    entries = lookup_rows(input_ids, tasks, task_vocab_size, vocab_size, table_rows=prompt_table.shape[0])
+    if not len(entries):
+        raise ValueError(f"the ids hold no fake prompt ids (>= {vocab_size}); replace the image spans first")
+    slider = widgets.IntSlider(value=0, min=0, max=len(entries) - 1, description="fake id #",
+                               layout=widgets.Layout(width="100%"))
+    info = widgets.HTML()
+    out = widgets.Output()
+
+    def on_select(change):
+        entry = entries[change["new"]]
+        info.value = html.escape(describe_lookup(entry, tasks, task_vocab_size, vocab_size))
+        with out:
+            out.clear_output(wait=True)
+            ax = table_heatmap(prompt_table, highlight=[int(entry[3])])
+            display(ax.figure)
+            plt.close(ax.figure)
+
+    slider.observe(on_select, names="value")
+    on_select({"new": 0})
+    return widgets.VBox([slider, info, out])
+
+
+# The ask-the-model panel
+
+
+@dataclass
+class PanelResult:
+    """What the ask panel shows: the ids before and after the fake ids go in, the prompt table and the answer."""
+
+    ids: list[int]  # [L] context ids as the tokenizer made them (the image span holds the path)
+    fake_ids: list[int]  # [L] the same ids with the span replaced by fake prompt ids
+    prompt_table: torch.Tensor  # [256, H] = input_vit[0]
+    answer: str
+
+
+def picture_from_upload(value) -> Image.Image:
+    """The picture of a FileUpload value (ipywidgets 8: a tuple of dicts with 'content'), or of raw bytes."""
+    if isinstance(value, (tuple, list)):
+        if not value:
+            raise ValueError("no file uploaded: choose a picture first")
+        value = value[0]
+    if isinstance(value, dict):
+        if "content" not in value:
+            raise ValueError("an uploaded file is a dict with a 'content' entry (ipywidgets 8 FileUpload.value)")
+        value = value["content"]
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected uploaded bytes, got {type(value).__name__}")
+    try:
+        with Image.open(io.BytesIO(bytes(value))) as img:
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"the uploaded file is not a picture PIL can read ({err}); upload a PNG or JPEG") from None
+
+
+def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: int = 24) -> PanelResult:
+    """Ids, prompt table and greedy answer for one picture (path or PIL image) and one question."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("type a question, e.g. 图片里是什么？")
+    span = picture if isinstance(picture, str) else SPAN_NAME.format(k=1)  # as toy.evaluate.ask writes the span
+    query = tokenizer.from_list_format([{"image": span}, {"text": question}])
+    ids = make_context(tokenizer, query)[1]
+    with torch.inference_mode():
+        input_vit = model.transformer.visual.encode([picture]).to(model.dtype)  # [1, 256, H]
+    fake_ids, prompt_table, _, _ = single_table_batch(ids, input_vit, model.config.vocab_size)
+    answer = ask(model, tokenizer, [[picture]], [question], max_new_tokens=max_new_tokens)[0]
+    return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
+
+
+def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什么？"):
+    """Widget: choose (or upload) a picture, type a question, see the ids, the prompt table and the answer."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    if not pictures:
+        raise ValueError("give at least one picture: {label: path}")
+    choice = widgets.Dropdown(options=list(pictures.items()), description="picture")
+    upload = widgets.FileUpload(accept="image/*", multiple=False, description="or upload")
+    text = widgets.Text(value=question, description="question")
+    button = widgets.Button(description="Ask", button_style="primary")
+    answer = widgets.HTML()
+    ids_view = widgets.HTML()
+    table_out = widgets.Output()
+
+    def on_ask(_):
+        try:
+            picture = picture_from_upload(upload.value) if upload.value else choice.value
+            result = ask_panel_result(model, tokenizer, picture, text.value)
+        except (ValueError, TypeError, FileNotFoundError) as err:
+            answer.value = f"<b>cannot ask:</b> {html.escape(str(err))}"
+            return
+        answer.value = f"<b>answer:</b> {html.escape(result.answer)}"
+        ids_view.value = TokenView.of(tokenizer, result.fake_ids).to_html()
+        with table_out:
+            table_out.clear_output(wait=True)
+            ax = table_heatmap(result.prompt_table)
+            display(ax.figure)
+            plt.close(ax.figure)
+
+    button.on_click(on_ask)
+    choice.observe(lambda _: setattr(upload, "value", ()), names="value")  # a chosen sample replaces an upload
+    return widgets.VBox([widgets.HBox([choice, upload]), widgets.HBox([text, button]), answer, ids_view, table_out])

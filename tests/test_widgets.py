@@ -1,0 +1,337 @@
+"""Tests for the course's interactive parts: token viewer, prompt-table explorer and ask-the-model panel."""
+
+import html
+import io
+from datetime import datetime, timezone
+
+import pytest
+import torch
+from PIL import Image
+
+from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
+from qwenvl_lab.tokenizing import (
+    IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE, TOKEN_KINDS, make_context,
+)
+from qwenvl_lab.toy.evaluate import ask
+from qwenvl_lab.toy.train import SPAN_NAME
+from qwenvl_lab.widgets import (
+    ID_STYLE, KIND_COLORS, PanelResult, TokenView, ask_panel, ask_panel_result, describe_lookup, kind_legend_html,
+    lookup_rows, picture_from_upload, plot_token_kinds, table_explorer, table_heatmap, token_label, token_viewer,
+)
+
+widgets = pytest.importorskip("ipywidgets")
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+
+@pytest.fixture(scope="module")
+def chat_ids(tokenizer):
+    """Context ids of one image and the article's question 图片里是什么？."""
+    query = tokenizer.from_list_format([{"image": "../data/images/red_circle.png"}, {"text": "图片里是什么？"}])
+    return make_context(tokenizer, query)[1]
+
+
+def fake_batch(seed: int = 0, hidden: int = 8):
+    """Two sequences (one image, two images) and their input_vit [3, 256, hidden]."""
+    span = [IMAGE_START_ID, *b"a.png", *[IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - 5), IMAGE_END_ID]
+    rows = [[11, *span, 12, 13], [14, *span, *span, 15]]
+    length = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (length - len(r)) for r in rows])
+    input_vit = torch.randn(3, IMG_TOKEN_SPAN, hidden, generator=torch.Generator().manual_seed(seed))
+    return ids, input_vit
+
+
+# The token viewer
+
+
+def test_token_view_reads_kinds_and_meanings_from_the_tokenizer(tokenizer, chat_ids):
+    view = TokenView.of(tokenizer, chat_ids)
+    assert list(view.ids) == chat_ids
+    assert list(view.kinds) == tokenizer.token_kinds(chat_ids)
+    assert list(view.meanings) == tokenizer.describe_tokens(chat_ids)
+    assert sum(view.counts().values()) == len(view) == len(chat_ids)
+    assert list(view.counts()) == [k for k in TOKEN_KINDS if k in view.kinds]
+    path_bytes = len(b"../data/images/red_circle.png")
+    assert view.counts()["image_path_byte"] == path_bytes
+    assert view.counts()["imgpad"] == IMG_TOKEN_SPAN - path_bytes
+    assert TokenView.of(tokenizer, torch.tensor(chat_ids)).ids == view.ids
+    counts = ", ".join(f"{k} {n}" for k, n in view.counts().items())
+    assert repr(view) == f"TokenView({len(chat_ids)} ids: {counts})"
+
+
+def test_chips_cover_every_position_once_and_collapse_long_runs(tokenizer, chat_ids):
+    view = TokenView.of(tokenizer, chat_ids)
+    chips = view.chips()
+    assert [c.start for c in chips[1:]] == [c.stop for c in chips[:-1]]
+    assert chips[0].start == 0 and chips[-1].stop == len(chat_ids)
+    (pad,) = [c for c in chips if c.kind == "imgpad"]
+    assert pad.stop - pad.start == view.counts()["imgpad"]
+    assert pad.label == f"<imgpad> ×{pad.stop - pad.start}"
+    assert all(c.stop - c.start == 1 for c in chips if c.kind != "imgpad")
+    assert len(chips) == len(chat_ids) - (pad.stop - pad.start) + 1
+
+
+def test_short_runs_stay_one_chip_per_id(tokenizer):
+    path = "p" * (IMG_TOKEN_SPAN - 3)  # leaves 3 <imgpad>, fewer than `collapse`
+    ids = tokenizer.encode_image_span(path)
+    chips = TokenView.of(tokenizer, ids, collapse=4).chips()
+    assert len(chips) == len(ids)
+    assert [c.label for c in chips if c.kind == "imgpad"] == ["<imgpad>"] * 3
+    assert len(TokenView.of(tokenizer, ids, collapse=3).chips()) == len(ids) - 2
+
+
+def test_fake_prompt_ids_collapse_and_label_their_offset(tokenizer, chat_ids):
+    fake_ids = single_table_batch(chat_ids, torch.zeros(1, IMG_TOKEN_SPAN, 4), MODEL_VOCAB_SIZE)[0][0]
+    view = TokenView.of(tokenizer, fake_ids)
+    assert view.counts()["fake_prompt_id"] == IMG_TOKEN_SPAN
+    assert "imgpad" not in view.counts() and "image_path_byte" not in view.counts()
+    (fake,) = [c for c in view.chips() if c.kind == "fake_prompt_id"]
+    assert fake.label == f"V+0 … V+{IMG_TOKEN_SPAN - 1}"
+    assert str(MODEL_VOCAB_SIZE) in fake.title and str(MODEL_VOCAB_SIZE + IMG_TOKEN_SPAN - 1) in fake.title
+    single = TokenView.of(tokenizer, fake_ids, collapse=IMG_TOKEN_SPAN + 1).chips()
+    assert [c.label for c in single if c.kind == "fake_prompt_id"][:3] == ["V+0", "V+1", "V+2"]
+
+
+def test_token_labels(tokenizer):
+    assert token_label(tokenizer, ord("a"), "image_path_byte") == "a"
+    assert token_label(tokenizer, 0xE5, "image_path_byte") == "\\xe5"
+    assert token_label(tokenizer, MODEL_VOCAB_SIZE + 7, "fake_prompt_id") == "V+7"
+    assert token_label(tokenizer, tokenizer.encode(" are")[0], "text") == "·are"
+    assert token_label(tokenizer, tokenizer.encode("\n")[0], "text") == "↵"
+    assert token_label(tokenizer, IMAGE_START_ID, "image_tag") == "<img>"
+    assert token_label(tokenizer, tokenizer.im_end_id, "special") == "<|im_end|>"
+
+
+def test_describe_position_and_its_errors(tokenizer, chat_ids):
+    view = TokenView.of(tokenizer, chat_ids)
+    start = chat_ids.index(IMAGE_START_ID)
+    assert view.describe(start) == f"position {start}: id {IMAGE_START_ID} · image_tag · <img> (image_start_id)"
+    assert view.describe(start + 1).endswith('path byte 0x2e "."')
+    with pytest.raises(ValueError, match=f"outside the sequence: choose 0…{len(chat_ids) - 1}"):
+        view.describe(len(chat_ids))
+    with pytest.raises(ValueError, match="outside the sequence"):
+        view.describe(-1)
+    with pytest.raises(TypeError, match="position must be an int"):
+        view.describe("3")
+
+
+def test_token_view_rejects_batches_and_bad_collapse(tokenizer):
+    with pytest.raises(ValueError, match="one sequence, got a batch of 2"):
+        TokenView.of(tokenizer, [[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match="collapse must be an int >= 2"):
+        TokenView.of(tokenizer, [1, 2], collapse=1)
+
+
+def test_html_escapes_tags_and_outlines_the_selected_chip(tokenizer, chat_ids):
+    view = TokenView.of(tokenizer, chat_ids)
+    page = view.to_html(selected=100)  # inside the <imgpad> run
+    assert "<img>" not in page and "&lt;img&gt;" in page  # the tag is shown, not rendered as an HTML image
+    assert page.count("outline:") == 1
+    outlined = page.split("outline:")[1]
+    assert outlined.split("</span>")[0].count("&lt;imgpad&gt; ×") == 1
+    for kind, n in view.counts().items():
+        assert f"{kind} {n}</span>" in page and KIND_COLORS[kind] in page
+    assert view._repr_html_() == view.to_html()
+    assert "outline:" not in view.to_html()
+    assert f"{ID_STYLE}\">{chat_ids[0]}</span>" in page
+    bare = view.to_html(show_ids=False, legend=False)
+    assert ID_STYLE not in bare and "margin-bottom" not in bare
+    with pytest.raises(ValueError, match="outside the sequence"):
+        view.to_html(selected=len(chat_ids))
+
+
+def test_kind_legend_rejects_unknown_kinds():
+    assert "text 3" in kind_legend_html({"text": 3})
+    with pytest.raises(ValueError, match="unknown token kind 'picture'"):
+        kind_legend_html({"picture": 1})
+
+
+def test_token_viewer_wires_the_slider_to_describe_and_to_html(tokenizer, chat_ids):
+    box = token_viewer(tokenizer, chat_ids)
+    chips, slider, info = box.children
+    view = TokenView.of(tokenizer, chat_ids)
+    assert slider.max == len(chat_ids) - 1
+    assert info.value == html.escape(view.describe(0))
+    slider.value = 19
+    assert info.value == html.escape(view.describe(19))
+    assert chips.value == view.to_html(selected=19)
+    with pytest.raises(ValueError, match="empty"):
+        token_viewer(tokenizer, [])
+
+
+def test_plot_token_kinds_colours_each_cell_by_kind(tokenizer, chat_ids):
+    from qwenvl_lab.img_pos import locate_img_pos
+
+    batch = torch.tensor([[tokenizer.eod_id] * 5 + chat_ids[:-5], chat_ids])  # [2, L], row 0 shifted and cut
+    img_pos = locate_img_pos(batch)
+    ax = plot_token_kinds(tokenizer, batch, img_pos)
+    cells = ax.images[0].get_array()
+    assert cells.shape == tuple(batch.shape)
+    for row in range(2):
+        assert [TOKEN_KINDS[int(k)] for k in cells[row]] == tokenizer.token_kinds(batch[row])
+    assert len(ax.lines) == 2 and list(ax.lines[0].get_xdata()) == img_pos[0, 1:].tolist()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["text", "special", "image_tag", "image_path_byte",
+                                                                    "imgpad"]
+    matplotlib.pyplot.close(ax.figure)
+    mask = torch.ones_like(batch)
+    mask[0, :5] = 0
+    ax = plot_token_kinds(tokenizer, batch, attention_mask=mask)
+    cells = ax.images[0].get_array()
+    assert (cells[0, :5] == len(TOKEN_KINDS)).all() and (cells[0, 5:] < len(TOKEN_KINDS)).all()
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-1] == "padding"
+    matplotlib.pyplot.close(ax.figure)
+    with pytest.raises(ValueError, match="outside the batch"):
+        plot_token_kinds(tokenizer, batch, [[2, 0, 1]])
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        plot_token_kinds(tokenizer, batch, attention_mask=mask[:, 1:])
+
+
+# The prompt-table explorer
+
+
+def test_lookup_rows_follow_the_embedding_lookup():
+    ids, input_vit = fake_batch()
+    for fake_ids, table, tasks, tvs in (single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE),
+                                        per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE)):
+        vocab = torch.randn(MODEL_VOCAB_SIZE, 8, generator=torch.Generator().manual_seed(1))
+        embedded = prompt_tuning_embedding(fake_ids, vocab, table, tasks, tvs, MODEL_VOCAB_SIZE)  # [B, L, 8]
+        entries = lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, table_rows=table.shape[0])
+        assert entries.shape == (3 * IMG_TOKEN_SPAN, 4)
+        seq, pos, fake, row = entries.T
+        assert torch.equal(fake_ids[seq, pos], fake) and bool((fake >= MODEL_VOCAB_SIZE).all())
+        assert torch.equal(embedded[seq, pos], table[row])
+    # the python session reads the one table from top to bottom
+    fake_ids, _, tasks, tvs = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
+    assert torch.equal(lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE)[:, 3], torch.arange(3 * IMG_TOKEN_SPAN))
+
+
+def test_lookup_rows_errors():
+    ids, input_vit = fake_batch()
+    fake_ids, table, tasks, tvs = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
+    with pytest.raises(ValueError, match="1 tasks for a batch of 2"):
+        lookup_rows(fake_ids, [0], tvs, MODEL_VOCAB_SIZE)
+    with pytest.raises(ValueError, match="non-negative"):
+        lookup_rows(fake_ids, [0, -1], tvs, MODEL_VOCAB_SIZE)
+    with pytest.raises(ValueError, match=f"reads row {3 * IMG_TOKEN_SPAN - 1} but the prompt table has 256 rows"):
+        lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, table_rows=IMG_TOKEN_SPAN)
+    assert lookup_rows(ids, tasks, tvs, MODEL_VOCAB_SIZE).shape == (0, 4)
+
+
+def test_describe_lookup_states_the_rule():
+    ids, input_vit = fake_batch()
+    fake_ids, _, tasks, tvs = per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE)
+    entry = lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE)[-1]  # last fake id of sequence 1
+    text = describe_lookup(entry, tasks, tvs, MODEL_VOCAB_SIZE)
+    last = 2 * IMG_TOKEN_SPAN - 1
+    assert text == (f"sequence 1, position {int(entry[1])}: fake id {MODEL_VOCAB_SIZE + last} = V + {last} → "
+                    f"row {last} + task 1 × {2 * IMG_TOKEN_SPAN} = prompt_table row {last + 2 * IMG_TOKEN_SPAN}")
+
+
+def test_table_heatmap_draws_the_table_and_boxes_rows():
+    table = torch.randn(IMG_TOKEN_SPAN, 8, generator=torch.Generator().manual_seed(2))
+    ax = table_heatmap(table, highlight=[5])
+    assert ax.images[0].get_array().shape == (IMG_TOKEN_SPAN, 8)
+    (box,) = ax.patches
+    assert box.get_y() == pytest.approx(4.5) and box.get_height() == 1
+    assert ax.get_title() == "prompt_table [256, 8]"
+    matplotlib.pyplot.close(ax.figure)
+    with pytest.raises(ValueError, match="2-D prompt table"):
+        table_heatmap(table[None])
+    with pytest.raises(ValueError, match="cannot highlight row 256"):
+        table_heatmap(table, highlight=[IMG_TOKEN_SPAN])
+
+
+def test_table_explorer_wires_the_slider_to_describe_lookup():
+    ids, input_vit = fake_batch()
+    fake_ids, table, tasks, tvs = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
+    slider, info, _ = table_explorer(fake_ids, table, tasks, tvs, MODEL_VOCAB_SIZE).children
+    entries = lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE)
+    assert slider.max == len(entries) - 1
+    assert info.value == html.escape(describe_lookup(entries[0], tasks, tvs, MODEL_VOCAB_SIZE))
+    slider.value = 300
+    assert info.value == html.escape(describe_lookup(entries[300], tasks, tvs, MODEL_VOCAB_SIZE))
+    with pytest.raises(ValueError, match="no fake prompt ids"):
+        table_explorer(ids, table, tasks, tvs, MODEL_VOCAB_SIZE)
+    with pytest.raises(ValueError, match="prompt table has 256 rows"):
+        table_explorer(fake_ids, table[:IMG_TOKEN_SPAN], tasks, tvs, MODEL_VOCAB_SIZE)
+
+
+# The ask-the-model panel
+
+
+def png_bytes(color=(200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (20, 20), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_picture_from_upload():
+    data = png_bytes()
+    upload = ({"name": "red.png", "type": "image/png", "size": len(data), "content": memoryview(data)},)
+    assert picture_from_upload(upload).getpixel((3, 3)) == (200, 30, 30)
+    assert picture_from_upload(data).size == (20, 20)
+    with pytest.raises(ValueError, match="no file uploaded"):
+        picture_from_upload(())
+    with pytest.raises(ValueError, match="not a picture"):
+        picture_from_upload(b"not a png")
+    with pytest.raises(ValueError, match="'content'"):
+        picture_from_upload([{"name": "x"}])
+    with pytest.raises(TypeError, match="expected uploaded bytes, got str"):
+        picture_from_upload("red.png")
+
+
+def test_ask_panel_result_matches_the_pipeline(tiny_model, tokenizer, image_files):
+    path = str(image_files["red"])
+    question = "图片里是什么？"
+    result = ask_panel_result(tiny_model, tokenizer, path, question, max_new_tokens=4)
+    assert isinstance(result, PanelResult)
+    query = tokenizer.from_list_format([{"image": path}, {"text": question}])
+    assert result.ids == make_context(tokenizer, query)[1]
+    with torch.inference_mode():
+        input_vit = tiny_model.transformer.visual.encode([path])  # [1, 256, H]
+    assert torch.equal(result.prompt_table, input_vit[0])
+    expected_fake = single_table_batch(result.ids, input_vit, tiny_model.config.vocab_size)[0][0].tolist()
+    assert result.fake_ids == expected_fake
+    a = result.ids.index(IMAGE_START_ID)
+    assert result.fake_ids[a + 1 : a + 1 + IMG_TOKEN_SPAN] == list(range(MODEL_VOCAB_SIZE, MODEL_VOCAB_SIZE + 256))
+    assert result.answer == ask(tiny_model, tokenizer, [[path]], [question], max_new_tokens=4)[0]
+
+
+def test_ask_panel_result_with_a_pil_picture_and_bad_questions(tiny_model, tokenizer):
+    picture = Image.new("RGB", (30, 30), (20, 20, 220))
+    result = ask_panel_result(tiny_model, tokenizer, picture, "What is in the picture?", max_new_tokens=2)
+    assert tokenizer.decode(result.ids).count(f"<img>{SPAN_NAME.format(k=1)}</img>") == 1
+    assert result.answer == ask(tiny_model, tokenizer, [[picture]], ["What is in the picture?"], max_new_tokens=2)[0]
+    with pytest.raises(ValueError, match="type a question"):
+        ask_panel_result(tiny_model, tokenizer, picture, "  ")
+
+
+def test_ask_panel_button_shows_ids_table_and_answer(tiny_model, tokenizer, image_files):
+    panel = ask_panel(tiny_model, tokenizer, {"red": str(image_files["red"]), "missing": "nope.png"})
+    (choice, upload), (text, button), answer, ids_view, _ = [
+        getattr(w, "children", w) for w in panel.children
+    ]
+    text.value = "What color is the circle?"
+    button.click()
+    expected = ask_panel_result(tiny_model, tokenizer, str(image_files["red"]), text.value)
+    assert answer.value == f"<b>answer:</b> {html.escape(expected.answer)}"
+    assert ids_view.value == TokenView.of(tokenizer, expected.fake_ids).to_html()
+    choice.value = "nope.png"
+    button.click()
+    assert answer.value.startswith("<b>cannot ask:</b> image file not found: &#x27;nope.png&#x27;")
+    text.value = ""
+    choice.value = str(image_files["red"])
+    button.click()
+    assert "type a question" in answer.value
+    text.value = "What color is the circle?"
+    data = png_bytes((0, 0, 250))
+    upload.value = ({"name": "blue.png", "type": "image/png", "size": len(data), "content": memoryview(data),
+                     "last_modified": datetime.now(timezone.utc)},)
+    button.click()
+    uploaded = ask_panel_result(tiny_model, tokenizer, picture_from_upload(upload.value), text.value)
+    assert answer.value == f"<b>answer:</b> {html.escape(uploaded.answer)}"
+    assert ids_view.value == TokenView.of(tokenizer, uploaded.fake_ids).to_html()
+    choice.value = "nope.png"  # choosing a sample drops the upload
+    assert upload.value == ()
+    with pytest.raises(ValueError, match="at least one picture"):
+        ask_panel(tiny_model, tokenizer, {})
