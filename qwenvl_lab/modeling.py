@@ -16,7 +16,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .img_pos import locate_img_pos
 from .injection import overwrite_image_spans
 from .prompt_table import prompt_tuning_embedding
-from .tokenizing import IMAGE_START_ID, IMG_TOKEN_SPAN, decode_image_path
+from .tokenizing import IMAGE_START_ID, decode_image_path
 from .vision import Resampler, VisionTransformer, sincos_pos_embed_2d
 
 QWEN_VL_CHAT_VISUAL = dict(heads=16, image_size=448, image_start_id=IMAGE_START_ID, layers=48, mlp_ratio=4.9231,
