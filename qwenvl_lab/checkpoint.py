@@ -5,10 +5,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from .modeling import QWenLMHeadModel, QWenVLConfig
 from .prompt_table import to_torch_dtype
+from .vision import VisionTransformer
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -43,15 +44,38 @@ def weight_files(checkpoint_dir: Path) -> list[Path]:
     )
 
 
-def read_state_dict(checkpoint_dir) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory, by their Qwen-VL key names."""
-    state = {}
+def iter_weights(checkpoint_dir, keep=None):
+    """(key, tensor) for each weight of a checkpoint directory whose key passes `keep`, one shard open at a time."""
     for path in weight_files(Path(checkpoint_dir)):
         if path.suffix == ".safetensors":
-            state.update(load_file(path))
+            with safe_open(str(path), framework="pt") as shard:
+                yield from ((key, shard.get_tensor(key)) for key in shard.keys() if keep is None or keep(key))
         else:
-            state.update(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-    return state
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            yield from ((key, value) for key, value in state.items() if keep is None or keep(key))
+
+
+def read_state_dict(checkpoint_dir, keep=None) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint directory (those whose key passes `keep`), by their Qwen-VL key names."""
+    return dict(iter_weights(checkpoint_dir, keep))
+
+
+def vision_tower_from(visual_config: dict, state: dict, dtype=None) -> VisionTransformer:
+    """A VisionTransformer built from a `visual` config and its weights (keys without the `transformer.visual.` prefix)."""
+    with torch.device("meta"):
+        tower = VisionTransformer(**visual_config)
+    check_state_dict(state, tower.state_dict())
+    if dtype is not None:
+        state = {k: v.to(to_torch_dtype(dtype)) for k, v in state.items()}
+    tower.load_state_dict(state, strict=True, assign=True)
+    return tower.eval()
+
+
+def load_visual_tower(checkpoint_dir, dtype=torch.float32) -> VisionTransformer:
+    """`transformer.visual` of a Qwen-VL checkpoint alone (config.json `visual` + its weights), in eval mode."""
+    visual, prefix = load_config(checkpoint_dir).visual, "transformer.visual."
+    state = {k[len(prefix):]: v for k, v in iter_weights(checkpoint_dir, lambda key: key.startswith(prefix))}
+    return vision_tower_from(visual, state, dtype)
 
 
 def load_config(checkpoint_dir) -> QWenVLConfig:

@@ -2,8 +2,8 @@
 
 import torch
 
-from .img_pos import as_batch
-from .tokenizing import IMG_TOKEN_SPAN
+from .img_pos import as_batch, locate_img_pos
+from .tokenizing import IMAGE_START_ID, IMG_TOKEN_SPAN
 
 
 def make_fake_prompt_ids(vocab_size: int, num_images: int, tokens_per_image: int = IMG_TOKEN_SPAN) -> torch.Tensor:
@@ -31,3 +31,16 @@ def replace_image_spans(input_ids, img_pos: torch.Tensor, fake_prompt_id: torch.
             )
         input_ids[i, a + 1 : b] = fake_prompt_id[k]
     return input_ids
+
+
+def check_spans_hold_fake_ids(requests, vocab_size: int) -> None:
+    """Refuse image spans that still hold a picture's path: an engine sees pictures only through a prompt table."""
+    for i, ids in enumerate(requests):
+        if not bool((ids == IMAGE_START_ID).any()):
+            continue
+        if any(bool((ids[a + 1 : b] < vocab_size).any()) for _, a, b in locate_img_pos(ids).tolist()):
+            raise ValueError(
+                f"request {i} holds an image span with the picture's path, which only the original model reads (an "
+                "engine would embed the path bytes as text): encode the picture with the vision tower, replace the span "
+                "with fake ids and pass a prompt_table (single_table_batch / per_request_tables, or QWenInfer.qwen_infer)"
+            )

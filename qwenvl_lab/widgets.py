@@ -9,9 +9,8 @@ from PIL import Image, UnidentifiedImageError
 
 from .img_pos import as_batch
 from .prompt_table import single_table_batch
-from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS, make_context
-from .toy.evaluate import ask
-from .toy.train import SPAN_NAME
+from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
+from .toy.evaluate import answer_with_features, chat_batch
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
 KIND_COLORS = {
@@ -326,14 +325,12 @@ def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: i
     """Ids, prompt table and greedy answer for one picture (path or PIL image) and one question."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError("type a question, e.g. 图片里是什么？")
-    span = picture if isinstance(picture, str) else SPAN_NAME.format(k=1)  # as toy.evaluate.ask writes the span
-    query = tokenizer.from_list_format([{"image": span}, {"text": question}])
-    ids = make_context(tokenizer, query)[1]
+    ids, mask = chat_batch(tokenizer, [[picture]], [question])  # [1, L]: one question, no padding
     with torch.inference_mode():
         input_vit = model.transformer.visual.encode([picture]).to(model.dtype)  # [1, 256, H]
     fake_ids, prompt_table, _, _ = single_table_batch(ids, input_vit, model.config.vocab_size)
-    answer = ask(model, tokenizer, [[picture]], [question], max_new_tokens=max_new_tokens)[0]
-    return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
+    answer = answer_with_features(model, tokenizer, ids, mask, input_vit, max_new_tokens)[0]
+    return PanelResult(ids[0].tolist(), fake_ids[0].tolist(), prompt_table, answer)
 
 
 def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什么？"):

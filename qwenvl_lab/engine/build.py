@@ -9,12 +9,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import CheckpointError, check_state_dict, load_config
+from ..checkpoint import CheckpointError, check_state_dict, load_config, load_visual_tower, vision_tower_from
 from ..prompt_table import to_torch_dtype
 from ..tokenizing import IMG_TOKEN_SPAN, VOCAB_FILE_NAME
 from ..trtllm.build_command import IMAGE_IDS, dtype_name
 from ..trtllm.convert import convert_to_trtllm_checkpoint, read_trtllm_config, trtllm_config
-from ..trtllm.weights import load_visual_tower
 from ..vision import VisionTransformer
 
 ENGINE_VERSION = "qwenvl-lab-engine/1"
@@ -160,9 +159,6 @@ def load_vision_tower(engine_dir, device="cpu") -> VisionTransformer:
     vision_dir = Path(engine_dir) / VISION_DIR
     if not (vision_dir / "config.json").is_file():
         raise FileNotFoundError(f"{vision_dir} has no config.json; this engine was built without its vision part")
-    with torch.device("meta"):
-        tower = VisionTransformer(**json.loads((vision_dir / "config.json").read_text())["visual"])
-    state = load_file(str(vision_dir / "model.safetensors"))
-    check_state_dict(state, tower.state_dict())
-    tower.load_state_dict(state, strict=True, assign=True)
-    return tower.to(device).eval()
+    visual = json.loads((vision_dir / "config.json").read_text())["visual"]
+    tower = vision_tower_from(visual, load_file(str(vision_dir / "model.safetensors")))
+    return tower.to(device)

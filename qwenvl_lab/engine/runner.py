@@ -4,10 +4,10 @@ from pathlib import Path
 
 import torch
 
-from ..img_pos import locate_img_pos
+from ..fake_ids import check_spans_hold_fake_ids
 from ..layout import to_trtllm_names
 from ..prompt_table import prompt_tuning_embedding, runtime_prompt_table
-from ..tokenizing import IM_END_ID, IMAGE_START_ID
+from ..tokenizing import IM_END_ID
 from ..trtllm.convert import trtllm_config
 from ..trtllm.runner import as_id_list, parse_tasks
 from .beam_search import BeamSearch
@@ -91,7 +91,7 @@ class ModelRunner:
         greedy = is_greedy(temperature, top_k, top_p)
         if num_beams > 1 and not greedy:
             raise ValueError("beam search picks the best beams, it does not sample: leave top_k=1 with num_beams > 1")
-        self._check_image_spans(requests)
+        check_spans_hold_fake_ids(requests, self.vocab_size)
         table = self._prompt_inputs(requests, prompt_table, prompt_tasks, task_vocab_size)
         embeds = [self._embed(ids, table, r) for r, ids in enumerate(requests)]
         if num_beams > 1:
@@ -203,19 +203,6 @@ class ModelRunner:
                 prompt_tasks = ",".join(str(int(t)) for t in torch.as_tensor(prompt_tasks).reshape(-1).tolist())
             tasks = parse_tasks(prompt_tasks, len(requests), num_tables)
         return table.to(self.device), torch.tensor(tasks, dtype=torch.int32, device=self.device), tvs
-
-    def _check_image_spans(self, requests) -> None:
-        """Refuse image spans that still hold a picture's path: the engine sees pictures only through a prompt table."""
-        for i, ids in enumerate(requests):
-            if not bool((ids == IMAGE_START_ID).any()):
-                continue
-            spans = [ids[a + 1 : b] for _, a, b in locate_img_pos(ids).tolist()]
-            if any(bool((span < self.vocab_size).any()) for span in spans):
-                raise ValueError(
-                    f"request {i} holds an image span with the picture's path, which only the original model reads; "
-                    "the engine takes pictures as a prompt table: encode them (vision tower), replace the spans with "
-                    "fake ids and pass prompt_table (single_table_batch / per_request_tables, or QWenInfer.qwen_infer)"
-                )
 
     def _embed(self, ids, table, r: int) -> torch.Tensor:
         """Embeddings [L, H] of request r: vocabulary rows, and prompt-table rows for its fake ids (its task's block)."""

@@ -13,7 +13,7 @@ from ..modeling import QWenLMHeadModel, QWenVLConfig
 from ..prompt_table import DTYPES, to_torch_dtype
 from ..tokenizing import IMAGE_START_ID
 from ..vision import VisionTransformer
-from .weights import iter_weights, load_visual_tower
+from ..checkpoint import iter_weights, load_visual_tower
 
 # how each tensor-parallel weight is cut (TensorRT-LLM 1.2.x QWen: ColumnLinear splits outputs, RowLinear inputs)
 QKV = "qkv"  # [3·heads·d, …]: Q, K and V each split per head

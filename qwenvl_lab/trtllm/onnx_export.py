@@ -11,7 +11,7 @@ import torch
 from ..modeling import QWenLMHeadModel
 from ..vision import N_QUERIES, VisionTransformer, preprocess_images
 from .vision_graph import INPUT_NAME, OPSET, OUTPUT_NAME, onnx_image_size
-from .weights import load_visual_tower
+from ..checkpoint import load_visual_tower
 
 
 def visual_tower_of(model_or_checkpoint) -> VisionTransformer:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from ..img_pos import locate_img_pos
+from ..fake_ids import check_spans_hold_fake_ids
 from ..prompt_table import runtime_prompt_table
-from ..tokenizing import IM_END_ID, IMAGE_START_ID
+from ..tokenizing import IM_END_ID
 from .gpu import require_gpu_stack
 
 
@@ -92,19 +92,6 @@ def parse_tasks(prompt_tasks, batch_size: int, num_tables: int) -> list[int]:
     return tasks
 
 
-def check_no_image_paths(ids: list[torch.Tensor], vocab_size: int) -> None:
-    """Refuse image spans that still hold a picture's path: an engine sees pictures only through a prompt table."""
-    for i, seq in enumerate(ids):
-        if bool((seq == IMAGE_START_ID).any()):
-            for _, a, b in locate_img_pos(seq.long()).tolist():
-                if bool((seq[a + 1 : b] < vocab_size).any()):
-                    raise ValueError(
-                        f"request {i} holds an image span with the picture's path, which only the original model reads "
-                        "(an engine would embed the path bytes as text); encode the picture and replace the span with "
-                        "fake ids plus a prompt_table (per_request_tables)"
-                    )
-
-
 class TRTLLMRunner:
     """A TensorRT-LLM engine behind our engine's `generate(...)`: per-request prompt tables, checked before the GPU."""
 
@@ -143,7 +130,7 @@ class TRTLLMRunner:
                     f"request {i}: {len(seq)} input ids + {max_new_tokens} new tokens do not fit the engine "
                     f"(max_input_len {cfg.max_input_len}, max_seq_len {cfg.max_seq_len})"
                 )
-        check_no_image_paths(ids, cfg.vocab_size)
+        check_spans_hold_fake_ids(ids, cfg.vocab_size)
         if prompt_table is None:
             if prompt_tasks is not None or task_vocab_size is not None:
                 raise ValueError("prompt_tasks / task_vocab_size were given without a prompt_table")
