@@ -5,7 +5,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from qwenvl_lab.engine import ModelRunner
-from qwenvl_lab.engine.sampling import filter_logits, is_greedy, sample_tokens
+from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, is_greedy, sample_tokens
 
 PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30])]
 
@@ -33,6 +33,19 @@ def test_greedy_knobs():
     assert not is_greedy(1.0, 0, 0.3) and not is_greedy(1.0, 2, 0.0)
     logits = torch.randn(3, 50)
     assert torch.equal(sample_tokens(logits, 1.0, 1, 0.0), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("vocab", [151936, 4 * ARGMAX_BLOCK, 1000])
+def test_greedy_tokens_are_argmax_ties_included(vocab):
+    torch.manual_seed(0)
+    logits = torch.randn(6, vocab)
+    logits[1, [vocab // 2, 3, vocab - 1]] = 9.0  # a tie across blocks: the first index wins
+    logits[2, [ARGMAX_BLOCK + 7, ARGMAX_BLOCK + 5]] = 9.0  # a tie inside one block
+    logits[3] = 0.0  # all equal
+    logits[4, -1] = float("inf")
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+    assert greedy_tokens(logits).tolist()[1:4] == [3, ARGMAX_BLOCK + 5, 0]
+    assert torch.equal(greedy_tokens(logits[:, ::2]), logits[:, ::2].argmax(-1))  # a strided view too
 
 
 def test_sampling_draws_only_kept_tokens_and_follows_the_seed():

@@ -89,7 +89,7 @@ def test_a_conversation_extends_the_single_question_prompt(tokenizer):
 @pytest.mark.slow
 def test_training_is_deterministic(tmp_path):
     for run in ("a", "b"):
-        toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path / run, eval_every=0)
+        toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path / run, eval_every=0, vision_steps=2)
     first, second = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert first["lm_head.weight"].dtype == torch.bfloat16  # stored like Qwen-VL-Chat
@@ -106,10 +106,50 @@ def test_patch_labels_mark_each_shape_and_its_rank():
     from qwenvl_lab.toy.shapes import COLORS, KINDS, Scene, Shape
 
     scene = Scene((Shape("triangle", "green", (0.6, 0.1, 0.9, 0.4)), Shape("circle", "red", (0.05, 0.5, 0.45, 0.9))))
-    shape, rank = toy_train.patch_labels(scene, 224, 16)
+    shape, rank = toy_train.patch_labels(scene)
     assert shape.shape == rank.shape == (256,)
     grid = lambda x, y: int(y * 16) * 16 + int(x * 16)  # noqa: E731 - patch index of a point
     assert shape[grid(0.25, 0.7)] == 1 + COLORS.index("red") * 3 + KINDS.index("circle") and rank[grid(0.25, 0.7)] == 1
     assert shape[grid(0.75, 0.3)] == 1 + COLORS.index("green") * 3 + KINDS.index("triangle") and rank[grid(0.75, 0.3)] == 2
     assert shape[grid(0.02, 0.02)] == 0 and rank[grid(0.02, 0.02)] == 0
     assert set(rank.tolist()) == {0, 1, 2}
+
+
+def test_patch_probe_adds_the_loss_over_the_queries_on_a_shape():
+    from qwenvl_lab.toy.shapes import random_scene
+
+    torch.manual_seed(0)
+    scenes = [random_scene(random.Random(k)) for k in range(2)]
+    probe = toy_train.PatchProbe(16)
+    input_vit = torch.randn(2, 256, 16)
+    shape, rank = (torch.cat(t) for t in zip(*map(toy_train.patch_labels, scenes)))
+    rows, on = input_vit.reshape(-1, 16), shape > 0
+    expected = sum(F.cross_entropy(head(rows), labels) + F.cross_entropy(head(rows)[on], labels[on])
+                   for head, labels in ((probe.shape, shape), (probe.rank, rank)))
+    assert 0 < on.sum() < len(on)
+    assert torch.allclose(probe.loss(input_vit, scenes), expected)
+
+
+def test_picture_probe_tags_every_image_token_and_summarises_at_image_end(tiny_model, tokenizer):
+    import math
+
+    from qwenvl_lab.prompt_table import single_table_batch
+
+    probe = toy_train.PictureProbe(tiny_model, layer=1)
+    for head in (probe.tag, probe.inventory, probe.count):
+        head.weight.data.zero_()
+        head.bias.data.zero_()
+    probe.tag.bias.data = torch.tensor([0.0, 50.0])  # always says "picture 2": right on exactly half the tagged tokens
+    rng = random.Random(3)
+    hidden, vocab_size = tiny_model.config.hidden_size, tiny_model.config.vocab_size
+    chance = math.log(2) + math.log(3)  # inventory (binary, logit 0) + count (three classes, equal logits)
+    for pictures, tag_loss in ((2, 25.0), (1, 0.0)):  # 50 on picture 1's tokens, 0 on picture 2's; no tags for one
+        conversations = [toy_train.make_conversation(rng, pictures) for _ in range(2)]
+        ids, mask, *_ = toy_train.make_batch(tokenizer, conversations)
+        fake_ids, table, tasks, span = single_table_batch(ids, torch.zeros(2 * pictures, 256, hidden), vocab_size)
+        with torch.no_grad():
+            tiny_model(fake_ids, attention_mask=mask, prompt_table=table, tasks=tasks, task_vocab_size=span)
+        assert probe.hidden.shape == (*ids.shape, hidden)  # the first block's output was captured
+        loss = probe.loss(fake_ids, vocab_size, [s for scenes, _ in conversations for s in scenes])
+        assert torch.isclose(loss, torch.tensor(tag_loss + chance), atol=1e-3)
+    probe.hook.remove()

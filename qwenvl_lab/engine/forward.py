@@ -5,25 +5,36 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..modeling import RMSNorm, apply_rope, attention_bias, rope_cos_sin
+from ..modeling import attention_bias, rope_cos_sin
 from .build import BuildConfig, check_engine_weights
 
 
-def attention_input(x, delta, ln_1: RMSNorm, qkv_t, qkv_b, cos, sin, heads: int):
-    """Residual add, ln_1, fused qkv and NeoX RoPE: (x, q [T, heads, hd], kv [T, 2, heads, hd])."""
+def rms_norm(x, weight, eps: float):
+    """modeling.RMSNorm's arithmetic (normalise in float32, cast back, scale) with one fused normalisation op."""
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).type_as(x) * weight
+
+
+def rope_(qk, cos, sin_signed):
+    """NeoX RoPE in place on qk [T, 2, heads, hd]: x·cos + rotate_half(x)·sin, with rotate_half(x)·sin written as
+    the swapped halves of x times sin_signed = [-sin | sin] (three ops instead of slicing and concatenating)."""
+    swapped = qk.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [x2 | x1]
+    qk.copy_(torch.addcmul(qk * cos, swapped, sin_signed))
+
+
+def attention_input(x, delta, ln_1, eps: float, qkv_t, qkv_b, cos, sin_signed, heads: int):
+    """Residual add, ln_1, fused qkv and RoPE: (x, q [T, heads, hd], kv [T, 2, heads, hd] — views of one qkv buffer)."""
     if delta is not None:
         x = x + delta  # [T, H]
-    qkv = torch.addmm(qkv_b, ln_1(x), qkv_t).view(x.shape[0], 3, heads, -1)  # [T, 3, heads, hd]
-    qk = apply_rope(qkv[:, :2], cos, sin)  # [T, 2, heads, hd]
-    return x, qk[:, 0], torch.cat([qk[:, 1:], qkv[:, 2:]], dim=1)
+    qkv = torch.addmm(qkv_b, rms_norm(x, ln_1, eps), qkv_t).view(x.shape[0], 3, heads, -1)  # [T, 3, heads, hd]
+    rope_(qkv[:, :2], cos, sin_signed)
+    return x, qkv[:, 0], qkv[:, 1:]
 
 
-def mlp_output(x, attn, dense_t, ln_2: RMSNorm, gate_fc_t, proj_t):
+def mlp_output(x, attn, dense_t, ln_2, eps: float, gate_fc_t, proj_t):
     """Attention projection and residual, ln_2, gated MLP `proj(gate(x) * silu(fc(x)))`: (x, MLP output)."""
     x = x + attn @ dense_t  # [T, H]
-    gate, fc = (ln_2(x) @ gate_fc_t).chunk(2, dim=-1)  # [T, ffn] each
+    gate, fc = (rms_norm(x, ln_2, eps) @ gate_fc_t).unflatten(-1, (2, -1)).unbind(-2)  # [T, ffn] each
     return x, (gate * F.silu(fc)) @ proj_t
 
 
@@ -40,22 +51,15 @@ def transposed(weight: torch.Tensor) -> torch.Tensor:
 class EngineLayer:
     """One decoder layer's weights as the engine reads them: transposed (see `transposed`), gate and fc fused."""
 
-    def __init__(self, weights: dict, prefix: str, eps: float):
-        self.ln_1 = norm(weights[prefix + "input_layernorm.weight"], eps)
+    def __init__(self, weights: dict, prefix: str):
+        self.ln_1 = weights[prefix + "input_layernorm.weight"]
         self.qkv_t = transposed(weights[prefix + "attention.qkv.weight"])  # [H, 3·heads·hd]
         self.qkv_b = weights[prefix + "attention.qkv.bias"]
         self.dense_t = transposed(weights[prefix + "attention.dense.weight"])  # [heads·hd, H]
-        self.ln_2 = norm(weights[prefix + "post_layernorm.weight"], eps)
+        self.ln_2 = weights[prefix + "post_layernorm.weight"]
         gate_fc = torch.cat([weights[prefix + "mlp.gate.weight"], weights[prefix + "mlp.fc.weight"]])  # [2·ffn, H]
         self.gate_fc_t = transposed(gate_fc)  # [H, 2·ffn]
         self.proj_t = transposed(weights[prefix + "mlp.proj.weight"])  # [ffn, H]
-
-
-def norm(weight: torch.Tensor, eps: float) -> RMSNorm:
-    """modeling.RMSNorm holding `weight` (no copy)."""
-    module = RMSNorm(weight.shape[0], eps)
-    module.weight = nn.Parameter(weight, requires_grad=False)
-    return module
 
 
 def weight_bytes_per_token(weights: dict) -> int:
@@ -73,13 +77,13 @@ class LanguageModelEngine:
         self.dtype, self.device = build_config.torch_dtype, torch.device(device)
         w = {name: t.to(device=self.device, dtype=self.dtype) for name, t in weights.items()}
         self.weight_bytes_per_token = weight_bytes_per_token(w)
-        eps = pretrained_config["norm_epsilon"]
+        self.eps = pretrained_config["norm_epsilon"]
         self.heads, self.head_dim = pretrained_config["num_attention_heads"], pretrained_config["head_size"]
         self.vocab_size = pretrained_config["vocab_size"]
         self.vocab_embedding = w["transformer.vocab_embedding.weight"]  # [V, H]: rows are looked up
         self.lm_head_t = transposed(w["lm_head.weight"])  # [H, V]
-        self.ln_f = norm(w["transformer.ln_f.weight"], eps)
-        self.layers = [EngineLayer(w, f"transformer.layers.{i}.", eps)
+        self.ln_f = w["transformer.ln_f.weight"]
+        self.layers = [EngineLayer(w, f"transformer.layers.{i}.")
                        for i in range(pretrained_config["num_hidden_layers"])]
         del w  # only the engine's layout of each weight is kept
         self.max_seq_len = build_config.max_seq_len
@@ -88,7 +92,8 @@ class LanguageModelEngine:
                                     dtype=self.dtype, device=self.device)
         positions = torch.arange(self.max_seq_len, device=self.device)
         cos, sin = rope_cos_sin(positions[None], self.head_dim, pretrained_config["rotary_base"], self.dtype)
-        self.cos, self.sin = cos[0, 0], sin[0, 0]  # [S, hd]
+        half = self.head_dim // 2
+        self.cos, self.sin_signed = cos[0, 0], torch.cat([-sin[0, 0, :, :half], sin[0, 0, :, half:]], dim=-1)  # [S, hd]
         self.key_pos, self.row_ids = positions, torch.arange(rows, device=self.device)
         self.mask_value = torch.finfo(self.dtype).min
         self.decode_attention_input, self.decode_mlp_output = attention_input, mlp_output
@@ -110,12 +115,12 @@ class LanguageModelEngine:
     def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range]) -> torch.Tensor:
         """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V]."""
         positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [N]
-        cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [N, 1, 1, hd]
+        cos, sin = self.cos[positions][:, None, None], self.sin_signed[positions][:, None, None]  # [N, 1, 1, hd]
         masks = [attention_bias(None, n, 0, self.dtype, self.device) for n in lengths]  # [1, 1, L, L] each
         starts = [sum(lengths[:r]) for r in range(len(lengths))]
         x, delta = embeds, None
         for layer, cache in zip(self.layers, self.kv_cache):
-            x, q, kv = attention_input(x, delta, layer.ln_1, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
+            x, q, kv = attention_input(x, delta, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
             outputs = []
             for start, n, slots, mask in zip(starts, lengths, rows, masks):
                 kv_r = kv[start : start + n].permute(1, 2, 0, 3)  # [2, heads, L, hd]
@@ -124,26 +129,27 @@ class LanguageModelEngine:
                 out = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1)[None], k[None], v[None],
                                                      attn_mask=mask)  # [1, heads, L, hd]
                 outputs.append(out[0].transpose(0, 1).reshape(n, -1))
-            x, delta = mlp_output(x, torch.cat(outputs), layer.dense_t, layer.ln_2, layer.gate_fc_t, layer.proj_t)
+            x, delta = mlp_output(x, torch.cat(outputs), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t, layer.proj_t)
         last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=self.device)
-        return (self.ln_f(x[last] + delta[last]) @ self.lm_head_t).float()  # [B, V]
+        return (rms_norm(x[last] + delta[last], self.ln_f, self.eps) @ self.lm_head_t).float()  # [B, V]
 
     def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One token per row: ids [n] at positions pos [n], attending to the first kv_len cache entries: logits [n, V]."""
         n = ids.shape[0]
         x = self.embed(ids)  # [n, H]
-        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [n, 1, 1, hd]
+        cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
         bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
         bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
         rows, delta = self.row_ids[:n], None
         for layer, cache in zip(self.layers, self.kv_cache):
-            x, q, kv = self.decode_attention_input(x, delta, layer.ln_1, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
+            x, q, kv = self.decode_attention_input(x, delta, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin,
+                                                   self.heads)
             cache[:, rows, :, pos] = kv  # [n, 2, heads, hd] into [2, rows, heads, S, hd]
             out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
                                                  attn_mask=bias)  # [n, heads, 1, hd]
-            x, delta = self.decode_mlp_output(x, out.reshape(n, -1), layer.dense_t, layer.ln_2, layer.gate_fc_t,
+            x, delta = self.decode_mlp_output(x, out.reshape(n, -1), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t,
                                               layer.proj_t)
-        return (self.ln_f(x + delta) @ self.lm_head_t).float()  # [n, V]
+        return (rms_norm(x + delta, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
 
     def reorder(self, src_rows: torch.Tensor, kv_len: int) -> None:
         """Beam search: cache row i takes row src_rows[i]'s first kv_len keys and values."""

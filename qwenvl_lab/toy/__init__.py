@@ -13,7 +13,7 @@ CHECKPOINT_ENV = "QWENVL_LAB_CHECKPOINT"  # point the course at a real Qwen-VL-C
 TOY_CONFIG = dict(
     vocab_size=151936, hidden_size=128, num_hidden_layers=4, num_attention_heads=2, kv_channels=64,
     intermediate_size=1024, seq_length=2048, max_position_embeddings=8192,
-    visual=dict(heads=2, image_size=224, image_start_id=151857, layers=3, mlp_ratio=2.0, output_dim=128,
+    visual=dict(heads=2, image_size=112, image_start_id=151857, layers=3, mlp_ratio=2.0, output_dim=128,
                 patch_size=14, width=128),
 )
 

@@ -24,12 +24,13 @@ COLOR_RGB = {
 COLOR_JITTER = 20
 BACKGROUND = (250, 250, 250)  # default background; random scenes draw each channel in 235…255
 MAX_SHAPES = 3
+PICTURE_SIZE = 224  # pictures are drawn at this size; the vision preprocessing resizes them to the model's input
 
 # Layout rules, as fractions of the picture width (boxes are squares in [0, 1] coordinates)
 EDGE = 0.04  # random shapes keep this distance from the border
 MIN_GAP = 0.04  # two boxes are this far apart along x or along y
 MIN_CENTER_GAP = 0.15  # horizontal centres this far apart: "left to right" is unambiguous
-MIN_SIDE = 0.2  # 45 px in the toy model's 224×224 input: three 14-px patches across
+MIN_SIDE = 0.2  # 22 px of the toy model's 112×112 input: more than one 14-px patch across
 MAX_SIDE = {1: 0.6, 2: 0.45, 3: 0.36}  # by number of shapes, so that they fit
 _EPS = 1e-9
 _MAX_DRAWS = 1000
@@ -146,7 +147,7 @@ class Scene:
         """The shapes sorted by horizontal centre, the order in which answers list them."""
         return tuple(sorted(self.shapes, key=lambda s: s.center[0]))
 
-    def render(self, size: int = 224) -> Image.Image:
+    def render(self, size: int = PICTURE_SIZE) -> Image.Image:
         """Draw the scene as a size×size RGB picture (deterministic, no anti-aliasing)."""
         if not isinstance(size, int) or isinstance(size, bool) or size < 16:
             raise ValueError(f"size must be an int >= 16 pixels, got {size!r}")
@@ -312,7 +313,7 @@ class Example:
         if not self.images or not all(isinstance(s, Scene) for s in self.images):
             raise TypeError("Example.images must be a non-empty list of Scene objects")
 
-    def pictures(self, size: int = 224) -> list[Image.Image]:
+    def pictures(self, size: int = PICTURE_SIZE) -> list[Image.Image]:
         """Render every picture of the example at size×size."""
         return [scene.render(size) for scene in self.images]
 
