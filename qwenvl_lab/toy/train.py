@@ -12,9 +12,10 @@ Two stages, in bfloat16 autocast (about 1.7× faster than float32 on a CPU with 
    over all queries and again over the queries on a shape, which are few: without that second term
    the tower sits at chance on circle / square / triangle for a long time.
 2. The whole model on multi-turn chats about its pictures (every question the templates allow, in
-   mixed languages), so one pass over the 256 image tokens supervises several answers. The patch probe
-   keeps training, and on two-picture chats a second throw-away probe on layer 2's output asks each
-   image token which picture it belongs to: the cue the model needs for "Which picture has …?".
+   mixed languages), so one pass over the 256 image tokens supervises several answers; every third
+   step has two pictures. The patch probe keeps training, and a second throw-away probe on layer 2's
+   output asks each `</img>` what its picture holds and, on two-picture chats, each image token which
+   picture it belongs to (meant as the cue for "Which picture has …?").
 The probes are not part of the model and are not saved.
 """
 
@@ -40,7 +41,7 @@ from .shapes import (COLORS, KINDS, LANGS, MAX_SHAPES, PICTURE_SIZE, Scene, Shap
                      question, random_scene, which_picture)
 
 SPAN_NAME = "picture{k}.png"  # the path written in training spans (replaced by fake ids before the model sees it)
-STEPS, VISION_STEPS = 3200, 1500
+STEPS, VISION_STEPS, EVAL_EVERY = 4000, 1500, 800  # the shipped model's run
 
 
 def encode_chat(tokenizer, n_images: int, text: str) -> list[int]:
@@ -288,8 +289,8 @@ def pretrain_vision(model, probe, rng, steps: int, batch_size: int, lr: float, d
         sched.step()
 
 
-def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_every=0, vision_steps=VISION_STEPS,
-          device="cpu", picture_probe=1.0, probe_layer=2):
+def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_every=EVAL_EVERY,
+          vision_steps=VISION_STEPS, device="cpu", picture_probe=1.0, probe_layer=2):
     """Train the toy model and save it in Qwen-VL-Chat's layout; returns the model."""
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -347,7 +348,8 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=TOY_DIR)
-    parser.add_argument("--eval-every", type=int, default=0, help="print a small held-out accuracy every N steps")
+    parser.add_argument("--eval-every", type=int, default=EVAL_EVERY,
+                        help="print a small held-out accuracy every N steps (0: never)")
     parser.add_argument("--vision-steps", type=int, default=VISION_STEPS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--picture-probe", type=float, default=1.0, help="weight of the layer-2 picture probe")
