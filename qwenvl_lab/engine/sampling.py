@@ -5,7 +5,6 @@ import torch
 ARGMAX_BLOCK = 128  # greedy_tokens on a CPU: the row's maximum per block of this many logits first
 
 
-
 def is_greedy(temperature, top_k, top_p) -> bool:
     """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:

@@ -333,6 +333,7 @@ def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_
             print(f"step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
                   f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}")
             model.train()
+    pictures_probe.hook.remove()  # the probe is thrown away: the model keeps no hook
     vocab.write_back(model)
     model.eval()
     model.to("cpu", torch.bfloat16)
