@@ -14,6 +14,7 @@ set above what the process held before that side's weights were loaded; CUDA pea
 import argparse
 import ctypes
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -58,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="engine decode without CUDA graphs")
     parser.add_argument("--no-compile", action="store_true", help="engine decode without torch.compile")
+    parser.add_argument("--no-fused", action="store_true", help="engine decode without Triton's fused linear layers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -135,11 +137,16 @@ def memory_in_use(device: torch.device) -> int:
 
 
 def bandwidth_probe(weight: torch.Tensor, repeats: int) -> dict:
-    """Bandwidth of the fastest matrix-vector product over `weight` [out, in], in either memory layout (best of)."""
+    """Bandwidth of the fastest matrix-vector product over `weight` [out, in]: the library's in either memory layout,
+    and on a GPU with Triton also the engine's own kernel (best of)."""
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
     layouts = {"[out, in]": (weight.contiguous(), lambda w: F.linear(x, w)),
                "[in, out]": (weight.t().contiguous(), lambda w: x @ w)}
     cuda = weight.device.type == "cuda"
+    if cuda and importlib.util.find_spec("triton") is not None:
+        from .engine.triton_linear import fused_linear
+
+        layouts["[out, in], Triton"] = (layouts["[out, in]"][0], lambda w: fused_linear(x, w))
     timings = {}
     with torch.inference_mode():
         for layout, (matrix, product) in layouts.items():
@@ -316,7 +323,7 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
                 results.append({"method": "eager", **measure(lambda *a: eager_generate(model, *a), requests[:b], tables[b],
                                                              args.new_tokens, args.repeats, device, baseline)})
     runner_options = dict(device=device, cuda_graphs=False if args.no_cuda_graphs else None,
-                          compile_decode=False if args.no_compile else None)
+                          compile_decode=False if args.no_compile else None, fused_decode=False if args.no_fused else None)
     if checkpoint is not None:
         engine_dir = build_engine(checkpoint, workdir / "engine", build_config)
         del model
@@ -356,7 +363,7 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         "settings": {"device": str(device), "prompt_lengths": [len(ids) for ids in requests], "pictures_per_request": 1,
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "build_config": asdict(build_config),
                      "cuda_graphs": runner.cuda_graphs, "compile_decode": runner.compile_decode,
-                     "vision_timed": False},
+                     "fused_decode": runner.fused_decode, "vision_timed": False},
         "results": results,
     }
 
@@ -371,7 +378,8 @@ def format_table(report: dict) -> str:
         f"{bw['limit_decode_steps_per_s']:.1f} decode steps/s "
         f"({report['model']['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step)",
         f"engine: CUDA graphs {'on' if report['settings']['cuda_graphs'] else 'off'}, compiled decode "
-        f"{'on' if report['settings']['compile_decode'] else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
+        f"{'on' if report['settings']['compile_decode'] else 'off'}, Triton fused linear "
+        f"{'on' if report['settings'].get('fused_decode') else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
         f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
         f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
         f"{'x batch 1':>9} {'same tokens':>11}",

@@ -1,6 +1,13 @@
 """Shared test fixtures: the tiny random Qwen-VL checkpoint, its model, the tokenizer and small pictures."""
 
-import numpy as np
+import os
+
+# Without an NVIDIA driver the engine's Triton kernels run through Triton's interpreter: this must be set before
+# triton is first imported (torch may import it), so before torch
+if not os.path.exists("/proc/driver/nvidia/version"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
 import pytest
 import torch
 from PIL import Image
@@ -10,6 +17,7 @@ from qwenvl_lab.tokenizing import load_tokenizer
 
 # The test models are tiny: on the shared 2-core machine extra intra-op threads only add contention (10-100x slower)
 torch.set_num_threads(1)
+
 
 
 @pytest.fixture(scope="session")

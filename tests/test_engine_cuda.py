@@ -1,5 +1,7 @@
 """The engine on an NVIDIA GPU: CUDA graphs (and compiled decode layers) give the CPU engine's tokens; fp16 stays close."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -30,9 +32,14 @@ def engine_dir(checkpoint, tmp_path_factory):
 
 
 def test_cuda_graphs_give_the_cpu_engines_tokens(engine_dir):
-    """fp32 on both devices: the captured, compiled decode step picks the same greedy tokens and beams."""
+    """fp32 on both devices: the captured, compiled decode step picks the same greedy tokens and beams; with the
+    Triton decode kernels (the default on CUDA) the same greedy tokens."""
     cpu = ModelRunner.from_dir(engine_dir)
-    gpu = ModelRunner.from_dir(engine_dir, device="cuda")
+    fused = ModelRunner.from_dir(engine_dir, device="cuda")
+    assert fused.fused_decode == (importlib.util.find_spec("triton") is not None)
+    expected = cpu.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0)
+    assert torch.equal(fused.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0).cpu(), expected)
+    gpu = ModelRunner.from_dir(engine_dir, device="cuda", fused_decode=False)
     assert gpu.cuda_graphs and gpu.decoder.capture
     for kwargs in ({}, {"num_beams": 3}, {}):
         expected = cpu.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0, **kwargs)
@@ -58,7 +65,7 @@ def test_fp16_engine_logits_close_to_eager_fp16(checkpoint, tmp_path):
 
 
 def test_bench_on_cuda(tmp_path):
-    report = bench.main(["--model", "tiny", "--device", "cuda", "--batch", "1", "2", "--new-tokens", "4",
-                         "--repeats", "1", "--json", tmp_path / "b.json"])
+    report = bench.main(["--model", "tiny", "--device", "cuda", "--batch", "1", "2", "--new-tokens", "16",
+                         "--repeats", "2", "--json", tmp_path / "b.json"])
     assert report["settings"]["cuda_graphs"] and report["hardware"]["gpu"]
     assert all(r["peak_mem_mb"] > 0 and r["decode_tokens_per_s"] > 0 for r in report["results"])

@@ -90,11 +90,18 @@ def test_features_shifted_by_one_position_change_little(toy_model, tokenizer):
 def test_held_out_accuracy_with_and_without_the_table(toy_model, tokenizer):
     real = evaluate(toy_model, tokenizer, seed=21, n=48)
     zero = evaluate(toy_model, tokenizer, seed=21, n=48, zero_table=True)
-    # measured on 500 questions: 0.84 with the table, 0.20 zeroed (README); a 48-question set varies around that
-    assert real["overall"] >= 0.75 and zero["overall"] <= 0.45 and real["overall"] - zero["overall"] >= 0.4
+    # measured on 500 questions: 0.91 with the table, 0.18 zeroed (README); a 48-question set varies around that
+    assert real["overall"] >= 0.85 and zero["overall"] <= 0.45 and real["overall"] - zero["overall"] >= 0.5
 
 
-def test_descriptions_and_counts_of_fresh_pictures_are_right(toy_model, tokenizer):
-    """The two single-picture questions the model has mastered (README: 0.98–1.00 on 500 held-out questions)."""
-    examples = make_dataset(22, 48, kinds=("what", "count"))
-    assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.95
+def test_single_picture_questions_about_fresh_pictures_are_right(toy_model, tokenizer):
+    """Descriptions, colours and counts (README: 1.000 on each, in both languages, over 500 held-out questions)."""
+    examples = make_dataset(22, 72, kinds=("what", "color", "count"))
+    assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.97
+
+
+def test_two_picture_question_beats_a_guess(toy_model, tokenizer):
+    """"Which picture has …?" (README: 0.68 / 0.60 over 500 held-out questions; a guess gets one in two)."""
+    examples = make_dataset(23, 96, kinds=("which",))
+    real = evaluate(toy_model, tokenizer, examples=examples)["overall"]
+    assert real >= 0.58 > evaluate(toy_model, tokenizer, examples=examples, zero_table=True)["overall"]

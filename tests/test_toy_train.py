@@ -89,7 +89,8 @@ def test_a_conversation_extends_the_single_question_prompt(tokenizer):
 @pytest.mark.slow
 def test_training_is_deterministic(tmp_path):
     for run in ("a", "b"):
-        toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path / run, eval_every=0, vision_steps=2)
+        toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path / run, eval_every=0, vision_steps=2,
+                        sharpen_steps=2)
     first, second = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert first["lm_head.weight"].dtype == torch.bfloat16  # stored like Qwen-VL-Chat

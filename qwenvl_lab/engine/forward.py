@@ -23,20 +23,19 @@ def rope_(qk, cos, sin_signed):
     qk.copy_(torch.addcmul(qk * cos, swapped, sin_signed))
 
 
-def attention_input(x, delta, ln_1, eps: float, qkv_t, qkv_b, cos, sin_signed, heads: int):
-    """Residual add, ln_1, fused qkv and RoPE: (x, q [T, heads, hd], kv [T, 2, heads, hd] — views of one qkv buffer)."""
-    if delta is not None:
-        x = x + delta  # [T, H]
+def attention_input(x, ln_1, eps: float, qkv_t, qkv_b, cos, sin_signed, heads: int):
+    """ln_1, fused qkv and RoPE: (q [T, heads, hd], kv [T, 2, heads, hd]), views of one qkv buffer."""
     qkv = torch.addmm(qkv_b, rms_norm(x, ln_1, eps), qkv_t).view(x.shape[0], 3, heads, -1)  # [T, 3, heads, hd]
     rope_(qkv[:, :2], cos, sin_signed)
-    return x, qkv[:, 0], qkv[:, 1:]
+    return qkv[:, 0], qkv[:, 1:]
 
 
 def mlp_output(x, attn, dense_t, ln_2, eps: float, gate_fc_t, proj_t):
-    """Attention projection and residual, ln_2, gated MLP `proj(gate(x) * silu(fc(x)))`: (x, MLP output)."""
-    x = x + attn @ dense_t  # [T, H]
+    """Attention projection and residual, ln_2, gated MLP `proj(gate(x) * silu(fc(x)))` and residual: the new x [T, H]
+    (each residual add inside its product: addmm)."""
+    x = torch.addmm(x, attn, dense_t)  # [T, H]
     gate, fc = (rms_norm(x, ln_2, eps) @ gate_fc_t).unflatten(-1, (2, -1)).unbind(-2)  # [T, ffn] each
-    return x, (gate * F.silu(fc)) @ proj_t
+    return torch.addmm(x, gate * F.silu(fc), proj_t)
 
 
 def transposed(weight: torch.Tensor) -> torch.Tensor:
@@ -73,7 +72,8 @@ def weight_bytes_per_token(weights: dict) -> int:
 class LanguageModelEngine:
     """The LM on one device: weights in the engine dtype, RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
 
-    def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device, compile_decode=False):
+    def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device, compile_decode=False,
+                 fused_decode=False):
         check_engine_weights(weights, pretrained_config)
         self.dtype, self.device = build_config.torch_dtype, torch.device(device)
         w = {name: t.to(device=self.device, dtype=self.dtype) for name, t in weights.items()}
@@ -100,6 +100,15 @@ class LanguageModelEngine:
         self.decode_attention_input, self.decode_mlp_output = attention_input, mlp_output
         if compile_decode:
             self.compile_decode()
+        self.fused_decode = None
+        if fused_decode:  # Triton's fused linear layers (on a CPU through its interpreter: tests only)
+            from . import triton_linear
+
+            if rows > triton_linear.MAX_ROWS:
+                raise ValueError(f"the fused decode kernels take at most {triton_linear.MAX_ROWS} rows a step, and this "
+                                 f"engine holds {rows} (max_batch_size × max_beam_width): build it smaller or pass "
+                                 "fused_decode=False")
+            self.fused_decode = triton_linear
 
     def compile_decode(self) -> None:
         """Fuse the decode step's small ops with torch.compile (Triton on CUDA): fewer kernels per layer."""
@@ -119,9 +128,9 @@ class LanguageModelEngine:
         cos, sin = self.cos[positions][:, None, None], self.sin_signed[positions][:, None, None]  # [N, 1, 1, hd]
         masks = [attention_bias(None, n, 0, self.dtype, self.device) for n in lengths]  # [1, 1, L, L] each
         starts = [sum(lengths[:r]) for r in range(len(lengths))]
-        x, delta = embeds, None
+        x = embeds
         for layer, cache in zip(self.layers, self.kv_cache):
-            x, q, kv = attention_input(x, delta, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
+            q, kv = attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
             outputs = []
             for start, n, slots, mask in zip(starts, lengths, rows, masks):
                 kv_r = kv[start : start + n].permute(1, 2, 0, 3)  # [2, heads, L, hd]
@@ -130,27 +139,48 @@ class LanguageModelEngine:
                 out = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1)[None], k[None], v[None],
                                                      attn_mask=mask)  # [1, heads, L, hd]
                 outputs.append(out[0].transpose(0, 1).reshape(n, -1))
-            x, delta = mlp_output(x, torch.cat(outputs), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t, layer.proj_t)
+            x = mlp_output(x, torch.cat(outputs), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t, layer.proj_t)
         last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=self.device)
-        return (rms_norm(x[last] + delta[last], self.ln_f, self.eps) @ self.lm_head_t).float()  # [B, V]
+        return (rms_norm(x[last], self.ln_f, self.eps) @ self.lm_head_t).float()  # [B, V]
 
     def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One token per row: ids [n] at positions pos [n], attending to the first kv_len cache entries: logits [n, V]."""
         n = ids.shape[0]
         x = self.embed(ids)  # [n, H]
-        cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
         bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
         bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
-        rows, delta = self.row_ids[:n], None
+        if self.fused_decode is not None:
+            return self._fused_layers(x, pos, bias)
+        cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
         for layer, cache in zip(self.layers, self.kv_cache):
-            x, q, kv = self.decode_attention_input(x, delta, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin,
-                                                   self.heads)
-            cache[:, rows, :, pos] = kv  # [n, 2, heads, hd] into [2, rows, heads, S, hd]
-            out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
-                                                 attn_mask=bias)  # [n, heads, 1, hd]
-            x, delta = self.decode_mlp_output(x, out.reshape(n, -1), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t,
-                                              layer.proj_t)
-        return (rms_norm(x + delta, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
+            q, kv = self.decode_attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
+            out = self._attend(q, kv, cache, pos, bias)  # [n, heads·hd]
+            x = self.decode_mlp_output(x, out, layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t, layer.proj_t)
+        return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
+
+    def _attend(self, q, kv, cache, pos, bias) -> torch.Tensor:
+        """Write kv [n, 2, heads, hd] (None: already written) at pos into one layer's cache, attend q [n, heads, hd]
+        to its first kv_len keys (bias: the mask [n, 1, 1, kv_len]): [n, heads·hd]."""
+        n, kv_len = q.shape[0], bias.shape[-1]
+        if kv is not None:
+            cache[:, self.row_ids[:n], :, pos] = kv  # into [2, rows, heads, S, hd]
+        out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
+                                             attn_mask=bias)  # [n, heads, 1, hd]
+        return out.reshape(n, -1)
+
+    def _fused_layers(self, x, pos, bias) -> torch.Tensor:
+        """The decode step's layers with the Triton kernels (triton_linear): a float32 residual stream that the two
+        projections add into, gate · silu(fc) inside the MLP's first product, RoPE and the KV-cache write in one
+        kernel."""
+        kernels = self.fused_decode
+        x = x.float()  # [n, H]: the residual stream
+        for layer, cache in zip(self.layers, self.kv_cache):
+            qkv = kernels.fused_linear(kernels.rms_norm(x, layer.ln_1, self.eps), layer.qkv_t.t(), layer.qkv_b)
+            q = kernels.rope_to_cache(qkv, self.cos, self.sin_signed, pos, cache)  # [n, heads, hd]
+            kernels.fused_linear(self._attend(q, None, cache, pos, bias), layer.dense_t.t(), out=x)
+            mlp = kernels.fused_linear(kernels.rms_norm(x, layer.ln_2, self.eps), layer.gate_fc_t.t(), swiglu=True)
+            kernels.fused_linear(mlp, layer.proj_t.t(), out=x)  # [n, H]
+        return kernels.fused_linear(kernels.rms_norm(x, self.ln_f, self.eps), self.lm_head_t.t()).float()  # [n, V]
 
     def reorder(self, src_rows: torch.Tensor, kv_len: int) -> None:
         """Beam search: cache row i takes row src_rows[i]'s first kv_len keys and values."""

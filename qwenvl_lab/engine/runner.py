@@ -1,5 +1,6 @@
 """Engine, runner — TensorRT-LLM's ModelRunner in PyTorch: requests checked against the build limits, then generated."""
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -17,11 +18,20 @@ from .forward import LanguageModelEngine
 from .sampling import is_greedy, sample_tokens
 
 
+def fused_by_default(device: torch.device, rows: int) -> bool:
+    """The Triton decode kernels by default: on CUDA, with triton installed, for at most their MAX_ROWS rows a step."""
+    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        return False
+    from .triton_linear import MAX_ROWS
+
+    return rows <= MAX_ROWS
+
+
 class ModelRunner:
     """An engine ready to generate: its limits, its weights on one device and a KV cache sized by the build."""
 
     def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device="cpu",
-                 cuda_graphs=None, compile_decode=None, engine_dir=None):
+                 cuda_graphs=None, compile_decode=None, engine_dir=None, fused_decode=None):
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
@@ -35,35 +45,39 @@ class ModelRunner:
         self.device, self.dtype = device, build_config.torch_dtype
         on_cuda = device.type == "cuda"
         self.compile_decode = on_cuda if compile_decode is None else bool(compile_decode)
-        self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, self.compile_decode)
-        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
         rows = build_config.max_batch_size * build_config.max_beam_width
+        self.fused_decode = bool(fused_decode) if fused_decode is not None else fused_by_default(device, rows)
+        self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, self.compile_decode,
+                                          self.fused_decode)
+        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
         self.decoder = DecodeGraphs(self.engine.decode_step, rows, build_config.max_seq_len, device) \
             if self.cuda_graphs else self.engine.decode_step
         self.busy = False  # a generation holds the KV cache (a streaming one until it is exhausted or closed)
 
     @classmethod
-    def from_dir(cls, engine_dir, device="cpu", cuda_graphs=None, compile_decode=None) -> "ModelRunner":
-        """Load an engine directory written by build_engine onto `device` (CUDA graphs and compile default on CUDA)."""
+    def from_dir(cls, engine_dir, device="cpu", cuda_graphs=None, compile_decode=None,
+                 fused_decode=None) -> "ModelRunner":
+        """Load an engine directory written by build_engine onto `device` (CUDA graphs, compile and Triton's fused
+        linear layers default on CUDA)."""
         build_config, pretrained = load_engine_config(engine_dir)
         return cls(build_config, pretrained, load_engine_weights(engine_dir), device, cuda_graphs, compile_decode,
-                   engine_dir)
+                   engine_dir, fused_decode)
 
     @classmethod
     def from_model(cls, model, build_config: BuildConfig, device=None, cuda_graphs=None,
-                   compile_decode=None) -> "ModelRunner":
+                   compile_decode=None, fused_decode=None) -> "ModelRunner":
         """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size)."""
         device = next(model.parameters()).device if device is None else device
         pretrained = trtllm_config(model.config, build_config.dtype)
         weights = to_trtllm_names(model.state_dict())
-        return cls(build_config, pretrained, weights, device, cuda_graphs, compile_decode)
+        return cls(build_config, pretrained, weights, device, cuda_graphs, compile_decode, fused_decode=fused_decode)
 
     def __repr__(self):
         b = self.build_config
         return (f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
                 f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
                 f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
-                f"cuda_graphs={self.cuda_graphs}, compile_decode={self.compile_decode})")
+                f"cuda_graphs={self.cuda_graphs}, compile_decode={self.compile_decode}, fused_decode={self.fused_decode})")
 
     @torch.inference_mode()
     def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,

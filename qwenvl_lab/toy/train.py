@@ -6,7 +6,7 @@ but only the rows the data uses are trained; every other row of `wte` and `lm_he
 keeps the shipped checkpoint small. The loss is the full-vocabulary cross-entropy all the same: the
 zero rows give logit 0, so they enter the softmax as one extra column of logit log(#zero rows).
 
-Two stages, in bfloat16 autocast (about 1.7× faster than float32 on a CPU with AVX-512 BF16):
+Three stages, in bfloat16 autocast (about 1.7× faster than float32 on a CPU with AVX-512 BF16):
 1. The vision tower alone learns what covers each image query's grid cell (colour and kind of the shape,
    and its left-to-right rank), through a throw-away linear probe on `input_vit`. The loss is counted
    over all queries and again over the queries on a shape, which are few: without that second term
@@ -16,6 +16,8 @@ Two stages, in bfloat16 autocast (about 1.7× faster than float32 on a CPU with 
    step has two pictures. The patch probe keeps training, and a second throw-away probe on layer 2's
    output asks each `</img>` what its picture holds and, on two-picture chats, each image token which
    picture it belongs to (meant as the cue for "Which picture has …?").
+3. Sharpening: the same chats, every second step with two pictures, at 0.3 × the learning rate on a schedule of
+   its own (without it, after 4000 steps of stage 2: colour 82–84 %, two pictures at chance; with it: 100 %, ~2/3).
 The probes are not part of the model and are not saved.
 """
 
@@ -41,7 +43,7 @@ from .shapes import (COLORS, KINDS, LANGS, MAX_SHAPES, PICTURE_SIZE, Scene, Shap
                      question, random_scene, which_picture)
 
 SPAN_NAME = "picture{k}.png"  # the path written in training spans (replaced by fake ids before the model sees it)
-STEPS, VISION_STEPS, EVAL_EVERY = 4000, 1500, 800  # the shipped model's run
+STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800  # the shipped model's run
 
 
 def encode_chat(tokenizer, n_images: int, text: str) -> list[int]:
@@ -290,7 +292,7 @@ def pretrain_vision(model, probe, rng, steps: int, batch_size: int, lr: float, d
 
 
 def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_every=EVAL_EVERY,
-          vision_steps=VISION_STEPS, device="cpu", picture_probe=1.0, probe_layer=2):
+          vision_steps=VISION_STEPS, device="cpu", picture_probe=1.0, probe_layer=2, sharpen_steps=SHARPEN_STEPS):
     """Train the toy model and save it in Qwen-VL-Chat's layout; returns the model."""
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -304,35 +306,42 @@ def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_
     pretrain_vision(model, probe, rng, vision_steps, 2 * batch_size, 2 * lr, device)
     body = [p for n, p in model.named_parameters() if not n.endswith(("wte.weight", "lm_head.weight"))]
     body += [*probe.parameters(), *pictures_probe.parameters()]
-    opt, sched = optimizer(body, lr, steps, no_decay=vocab.parameters())
     vocab_size = model.config.vocab_size
-    bar = tqdm(range(steps), desc="stage 2: the whole model")
-    for step in bar:
-        pictures = 2 if step % 3 == 2 else 1  # two-picture batches on their own: similar lengths
-        conversations = [make_conversation(rng, pictures) for _ in range(batch_size)]
-        ids, mask, target_mask, targets, pixels = (t.to(device) for t in make_batch(tokenizer, conversations))
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            input_vit = model.transformer.visual(pixels)  # [N, 256, H]
-            fake_ids, prompt_table, tasks, task_vocab_size = single_table_batch(ids, input_vit.float(), vocab_size)
-            embeds = vocab.embed(fake_ids, prompt_table, tasks, task_vocab_size, vocab_size)  # [B, L, H]
-            hidden, _ = model.transformer(inputs_embeds=embeds, attention_mask=mask)
-            loss = vocab.loss(hidden[target_mask], targets)
-            drawn = [scene for scenes, _ in conversations for scene in scenes]  # in the order of the image spans
-            aux = probe.loss(input_vit, drawn) + picture_probe * pictures_probe.loss(fake_ids, vocab_size, drawn)
-        opt.zero_grad(set_to_none=True)
-        (loss + aux).backward()
-        torch.nn.utils.clip_grad_norm_([*body, *vocab.parameters()], 1.0)
-        opt.step()
-        sched.step()
-        bar.set_postfix(loss=f"{loss.item():.4f}", probe=f"{aux.item():.3f}")
-        if eval_every and (step + 1) % eval_every == 0:
-            vocab.write_back(model)
-            from .evaluate import evaluate
 
-            model.eval()
-            print(f"step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
-                  f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}")
-            model.train()
+    def run(stage: str, n_steps: int, stage_lr: float, two_pictures_every: int):
+        """n_steps of whole-model training, two-picture chats every `two_pictures_every`-th step."""
+        opt, sched = optimizer(body, stage_lr, n_steps, no_decay=vocab.parameters())
+        bar = tqdm(range(n_steps), desc=stage)
+        for step in bar:
+            pictures = 2 if step % two_pictures_every == two_pictures_every - 1 else 1  # batches of similar lengths
+            conversations = [make_conversation(rng, pictures) for _ in range(batch_size)]
+            ids, mask, target_mask, targets, pixels = (t.to(device) for t in make_batch(tokenizer, conversations))
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                input_vit = model.transformer.visual(pixels)  # [N, 256, H]
+                fake_ids, prompt_table, tasks, task_vocab_size = single_table_batch(ids, input_vit.float(), vocab_size)
+                embeds = vocab.embed(fake_ids, prompt_table, tasks, task_vocab_size, vocab_size)  # [B, L, H]
+                hidden, _ = model.transformer(inputs_embeds=embeds, attention_mask=mask)
+                loss = vocab.loss(hidden[target_mask], targets)
+                drawn = [scene for scenes, _ in conversations for scene in scenes]  # in the order of the image spans
+                aux = probe.loss(input_vit, drawn) + picture_probe * pictures_probe.loss(fake_ids, vocab_size, drawn)
+            opt.zero_grad(set_to_none=True)
+            (loss + aux).backward()
+            torch.nn.utils.clip_grad_norm_([*body, *vocab.parameters()], 1.0)
+            opt.step()
+            sched.step()
+            bar.set_postfix(loss=f"{loss.item():.4f}", probe=f"{aux.item():.3f}")
+            if eval_every and ((step + 1) % eval_every == 0 or step + 1 == n_steps):
+                vocab.write_back(model)
+                from .evaluate import evaluate
+
+                model.eval()
+                print(f"{stage}, step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
+                      f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}")
+                model.train()
+
+    run("stage 2: the whole model", steps, lr, 3)
+    if sharpen_steps:
+        run("stage 3: sharpening", sharpen_steps, 0.3 * lr, 2)
     pictures_probe.hook.remove()  # the probe is thrown away: the model keeps no hook
     vocab.write_back(model)
     model.eval()
@@ -354,9 +363,11 @@ def main(argv=None):
     parser.add_argument("--vision-steps", type=int, default=VISION_STEPS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--picture-probe", type=float, default=1.0, help="weight of the layer-2 picture probe")
+    parser.add_argument("--sharpen-steps", type=int, default=SHARPEN_STEPS,
+                        help="stage 3: N more steps at 0.3 × the learning rate, every second one with two pictures")
     args = parser.parse_args(argv)
     train(args.steps, args.batch_size, args.lr, args.seed, args.out, args.eval_every, args.vision_steps, args.device,
-          args.picture_probe)
+          args.picture_probe, sharpen_steps=args.sharpen_steps)
     print(f"saved to {args.out}")
 
 

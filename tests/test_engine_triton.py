@@ -1,0 +1,129 @@
+"""The engine's Triton decode kernels (on a CPU through Triton's interpreter): each equals its PyTorch reference,
+refuses what it cannot do, and the decode step built from them gives the plain engine's tokens."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="the fused decode kernels need triton (pip install triton)")
+
+from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
+from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
+from qwenvl_lab.engine.forward import rope_  # noqa: E402
+from qwenvl_lab.engine.triton_linear import MAX_ROWS, fused_linear, rms_norm, rope_to_cache  # noqa: E402
+from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig, RMSNorm  # noqa: E402
+
+K, N = 96, 40  # not multiples of the tiles: the masks are exercised
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # without a GPU: Triton's interpreter (tests/conftest.py)
+
+
+@pytest.fixture(autouse=True)
+def on_device():
+    """Every tensor of these tests on DEVICE."""
+    with torch.device(DEVICE):
+        yield
+
+
+def close(dtype):
+    """Tolerances: float32 to rounding, float16 to a few of its units (the kernels keep float32 until the end)."""
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_fused_linear_equals_its_reference(dtype, rows):
+    torch.manual_seed(rows)
+    x, w, b = torch.randn(rows, K).to(dtype), (torch.randn(N, K) / 10).to(dtype), torch.randn(N).to(dtype)
+    product = x.float() @ w.float().T
+    torch.testing.assert_close(fused_linear(x, w).float(), product, **close(dtype))
+    torch.testing.assert_close(fused_linear(x, w, b).float(), product + b.float(), **close(dtype))
+    residual = torch.randn(rows, N)
+    out = residual.clone()
+    assert fused_linear(x, w, out=out) is out  # added in place into the float32 residual stream, split over K
+    torch.testing.assert_close(out, residual + product, **close(dtype))
+    gate_fc = (torch.randn(2 * N, K) / 10).to(dtype)  # gate rows, then fc rows
+    h = x.float() @ gate_fc.float().T
+    torch.testing.assert_close(fused_linear(x, gate_fc, swiglu=True).float(), h[:, :N] * F.silu(h[:, N:]), **close(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rms_norm_equals_the_models(dtype):
+    """From the float32 residual stream to the engine dtype: the model's RMSNorm (float32: to rounding)."""
+    torch.manual_seed(0)
+    norm = RMSNorm(K, 1e-6)
+    norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(3, K) * 3
+    with torch.no_grad():
+        expected = norm.to(dtype)(x.to(dtype) if dtype != torch.float32 else x)
+    got = rms_norm(x, norm.weight.data.to(dtype), 1e-6)
+    assert got.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, **close(dtype))  # a GPU's rsqrt is not PyTorch's to the last bit
+    else:
+        torch.testing.assert_close(got, expected, atol=8e-3, rtol=4e-3)  # the model rounds x to float16 first
+
+
+def test_rope_to_cache_equals_rope_and_cache_write():
+    torch.manual_seed(0)
+    heads, hd, seq, rows = 2, 16, 12, 4
+    qkv = torch.randn(3, 3 * heads * hd)  # rows 0..2
+    pos = torch.tensor([5, 0, 11])
+    angles = torch.arange(seq)[:, None] * torch.rand(hd // 2)  # any table of the NeoX form
+    cos = torch.cat([angles.cos()] * 2, dim=-1)
+    sin_signed = torch.cat([-angles.sin(), angles.sin()], dim=-1)
+    cache = torch.zeros(2, rows, heads, seq, hd)
+    ref = qkv.view(3, 3, heads, hd).clone()
+    q = rope_to_cache(qkv, cos, sin_signed, pos, cache)
+    rope_(ref[:, :2], cos[pos][:, None, None], sin_signed[pos][:, None, None])
+    torch.testing.assert_close(q, ref[:, 0])
+    expected = torch.zeros_like(cache)
+    expected[:, torch.arange(3), :, pos] = ref[:, 1:]
+    torch.testing.assert_close(cache, expected)
+
+
+def test_kernels_refuse_what_they_cannot_do():
+    x, w = torch.randn(2, K), torch.randn(N, K)
+    with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
+        fused_linear(torch.randn(MAX_ROWS + 1, K), w)
+    with pytest.raises(ValueError, match="does not fit x"):
+        fused_linear(x, torch.randn(N, K + 1))
+    with pytest.raises(ValueError, match="swiglu needs gate and fc rows stacked"):
+        fused_linear(x, torch.randn(N + 1, K), swiglu=True)
+    with pytest.raises(ValueError, match="x is torch.float16 but the weight is torch.float32"):
+        fused_linear(x.half(), w)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        fused_linear(x, w, out=torch.zeros(2, N, dtype=torch.float16))
+    with pytest.raises(ValueError, match="weight \\[H\\]"):
+        rms_norm(x, torch.ones(K + 1), 1e-6)
+    cache, tables = torch.zeros(2, 1, 2, 12, 16), (torch.zeros(12, 16), torch.zeros(12, 16))
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        rope_to_cache(torch.zeros(1, 10), *tables, torch.tensor([0]), cache)
+    with pytest.raises(ValueError, match="contiguous qkv"):
+        rope_to_cache(torch.zeros(1, 192)[:, ::2], *tables, torch.tensor([0]), cache)
+    with pytest.raises(ValueError, match="at most 16 rows a step, and this engine holds 18"):
+        ModelRunner.from_model(small_model(), BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16,
+                                                          max_beam_width=3), fused_decode=True)
+
+
+def small_model():
+    """The tiny Qwen-VL with a 1000-id vocabulary: the interpreter runs every program in Python."""
+    torch.manual_seed(0)
+    return QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})).eval()
+
+
+@pytest.mark.slow
+def test_fused_decode_gives_the_plain_engines_tokens():
+    """Greedy and beams, a batch of 3 prompts of different lengths; logits of one step close."""
+    model = small_model()
+    config = BuildConfig(max_batch_size=3, max_input_len=32, max_seq_len=48, max_beam_width=2)
+    plain = ModelRunner.from_model(model, config, fused_decode=False)
+    fused = ModelRunner.from_model(model, config, fused_decode=True)
+    assert fused.fused_decode and not plain.fused_decode and "fused_decode=True" in repr(fused)
+    prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.arange(10, 30), torch.tensor([7, 8])]
+    for kwargs in ({}, {"num_beams": 2}):
+        expected = plain.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs)
+        assert torch.equal(fused.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs), expected)
+    with torch.inference_mode():
+        ids, pos = torch.tensor([5, 6]), torch.tensor([5, 20])
+        torch.testing.assert_close(fused.engine.decode_step(ids, pos, 21), plain.engine.decode_step(ids, pos, 21),
+                                   atol=1e-5, rtol=1e-5)
