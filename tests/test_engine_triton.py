@@ -1,6 +1,8 @@
 """The engine's Triton decode kernels (on a CPU through Triton's interpreter): each equals its PyTorch reference,
 refuses what it cannot do, and the decode step built from them gives the plain engine's tokens."""
 
+import importlib.util
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,6 +105,17 @@ def test_kernels_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="at most 16 rows a step, and this engine holds 18"):
         ModelRunner.from_model(small_model(), BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16,
                                                           max_beam_width=3), fused_decode=True)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="what a CPU without Triton's interpreter is told")
+def test_fused_engine_on_a_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
+    with pytest.raises(ValueError, match="run on an NVIDIA GPU, not on cpu.*fused_decode=False"):
+        ModelRunner.from_model(small_model(), config, fused_decode=True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ValueError, match="fused_decode=True needs triton"):
+        ModelRunner.from_model(small_model(), config, fused_decode=True)
 
 
 def small_model():
