@@ -1,7 +1,6 @@
 """Engine, forward — packed prefill and one decode step of the language model over a preallocated KV cache."""
 
 import importlib.util
-import os
 import warnings
 
 import torch
@@ -106,7 +105,9 @@ class LanguageModelEngine:
             if importlib.util.find_spec("triton") is None:
                 raise ValueError("fused_decode=True needs triton (pip install triton; CUDA builds of torch bring it), "
                                  "or pass fused_decode=False")
-            if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            import triton
+
+            if self.device.type != "cuda" and not triton.knobs.runtime.interpret:
                 raise ValueError(f"the fused decode kernels run on an NVIDIA GPU, not on {self.device.type}; a CPU runs "
                                  "them only through Triton's interpreter (TRITON_INTERPRET=1 set before torch is "
                                  "imported, as the tests do). Pass fused_decode=False here")
