@@ -12,6 +12,7 @@ pytest.importorskip("triton", reason="the fused decode kernels need triton (pip 
 from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
 from qwenvl_lab.engine.forward import rope_  # noqa: E402
+from qwenvl_lab.engine.triton_attention import CHUNK, decode_attention  # noqa: E402
 from qwenvl_lab.engine.triton_linear import MAX_ROWS, fused_linear, rms_norm, rope_to_cache  # noqa: E402
 from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig, RMSNorm  # noqa: E402
 
@@ -83,6 +84,23 @@ def test_rope_to_cache_equals_rope_and_cache_write():
     torch.testing.assert_close(cache, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_attention_equals_sdpa_with_a_position_mask(dtype):
+    """Rows at different positions (one chunk, several, a partial last chunk): SDPA over keys 0..pos."""
+    torch.manual_seed(0)
+    heads, hd, rows, seq = 2, 16, 4, 2 * CHUNK + 20
+    cache = torch.randn(2, rows, heads, seq, hd).to(dtype)
+    pos = torch.tensor([3, 2 * CHUNK + 9, CHUNK])  # rows 0..2; kv_len = max + 1
+    q = torch.randn(3, heads, hd).to(dtype)
+    kv_len = int(pos.max()) + 1
+    got = decode_attention(q, cache, pos, kv_len)
+    mask = torch.arange(kv_len) <= pos[:, None, None, None]  # [3, 1, 1, kv_len]
+    expected = F.scaled_dot_product_attention(q.float()[:, :, None], cache[0, :3, :, :kv_len].float(),
+                                              cache[1, :3, :, :kv_len].float(), attn_mask=mask)  # [3, heads, 1, hd]
+    assert got.dtype == dtype and got.shape == (3, heads * hd)
+    torch.testing.assert_close(got.float(), expected.reshape(3, -1), **close(dtype))
+
+
 def test_kernels_refuse_what_they_cannot_do():
     x, w = torch.randn(2, K), torch.randn(N, K)
     with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
@@ -102,6 +120,10 @@ def test_kernels_refuse_what_they_cannot_do():
         rope_to_cache(torch.zeros(1, 10), *tables, torch.tensor([0]), cache)
     with pytest.raises(ValueError, match="contiguous qkv"):
         rope_to_cache(torch.zeros(1, 192)[:, ::2], *tables, torch.tensor([0]), cache)
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        decode_attention(torch.zeros(1, 2, 16), cache, torch.tensor([0]), 13)  # kv_len > the cache's 12 positions
+    with pytest.raises(ValueError, match="head size that is a power of two"):
+        decode_attention(torch.zeros(1, 2, 12), torch.zeros(2, 1, 2, 12, 12), torch.tensor([0]), 4)
     with pytest.raises(ValueError, match="at most 16 rows a step, and this engine holds 18"):
         ModelRunner.from_model(small_model(), BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16,
                                                           max_beam_width=3), fused_decode=True)
@@ -129,7 +151,8 @@ def test_fused_decode_gives_the_plain_engines_tokens():
     """Greedy and beams, a batch of 3 prompts of different lengths; logits of one step close."""
     model = small_model()
     config = BuildConfig(max_batch_size=3, max_input_len=32, max_seq_len=48, max_beam_width=2)
-    plain = ModelRunner.from_model(model, config, fused_decode=False)
+    # not compiled: torch.compile cannot trace through this test's torch.device context (`on_device`)
+    plain = ModelRunner.from_model(model, config, fused_decode=False, compile_decode=False)
     fused = ModelRunner.from_model(model, config, fused_decode=True)
     assert fused.fused_decode and not plain.fused_decode and "fused_decode=True" in repr(fused)
     prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.arange(10, 30), torch.tensor([7, 8])]

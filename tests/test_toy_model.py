@@ -90,18 +90,19 @@ def test_features_shifted_by_one_position_change_little(toy_model, tokenizer):
 def test_held_out_accuracy_with_and_without_the_table(toy_model, tokenizer):
     real = evaluate(toy_model, tokenizer, seed=21, n=48)
     zero = evaluate(toy_model, tokenizer, seed=21, n=48, zero_table=True)
-    # measured on 500 questions: 0.91 with the table, 0.18 zeroed (README); a 48-question set varies around that
-    assert real["overall"] >= 0.85 and zero["overall"] <= 0.45 and real["overall"] - zero["overall"] >= 0.5
+    # measured on 500 questions: 0.998 with the table, 0.26 zeroed (README); a 48-question set varies around that
+    assert real["overall"] >= 0.95 and zero["overall"] <= 0.45 and real["overall"] - zero["overall"] >= 0.5
 
 
 def test_single_picture_questions_about_fresh_pictures_are_right(toy_model, tokenizer):
-    """Descriptions, colours and counts (README: 1.000 on each, in both languages, over 500 held-out questions)."""
+    """Descriptions, colours and counts (README: 0.984–1.000 in both languages over 500 held-out questions)."""
     examples = make_dataset(22, 72, kinds=("what", "color", "count"))
     assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.97
 
 
-def test_two_picture_question_beats_a_guess(toy_model, tokenizer):
-    """"Which picture has …?" (README: 0.68 / 0.60 over 500 held-out questions; a guess gets one in two)."""
+def test_two_picture_question_about_fresh_pictures_is_right(toy_model, tokenizer):
+    """"Which picture has …?" (README: 1.000 in both languages over 500 held-out questions; a guess gets one in two,
+    and so does the model with its table zeroed)."""
     examples = make_dataset(23, 96, kinds=("which",))
-    real = evaluate(toy_model, tokenizer, examples=examples)["overall"]
-    assert real >= 0.58 > evaluate(toy_model, tokenizer, examples=examples, zero_table=True)["overall"]
+    assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.9
+    assert evaluate(toy_model, tokenizer, examples=examples, zero_table=True)["overall"] <= 0.7

@@ -11,7 +11,7 @@ from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.tokenizing import IM_END_ID
 from qwenvl_lab.toy import evaluate as toy_evaluate
 from qwenvl_lab.toy import train as toy_train
-from qwenvl_lab.toy.shapes import make_dataset
+from qwenvl_lab.toy.shapes import COLORS, KINDS, make_dataset
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_token_sets_cover_every_answer_and_prompt(tokenizer, token_sets):
 def test_make_batch_targets_are_the_answers_of_every_turn(tokenizer):
     rng = random.Random(5)
     conversations = [toy_train.make_conversation(rng, pictures) for pictures in (1, 1, 2)]
-    ids, mask, target_mask, targets, pixels = toy_train.make_batch(tokenizer, conversations)
+    ids, mask, target_mask, targets, pixels, asked = toy_train.make_batch(tokenizer, conversations)
     assert pixels.shape[0] == 4
     start = 0
     for row, (_, turns) in enumerate(conversations):
@@ -67,6 +67,12 @@ def test_make_batch_targets_are_the_answers_of_every_turn(tokenizer):
         assert tokenizer.decode(targets[start : start + n].tolist()) == "".join(a + "<|im_end|>" for _, a in turns)
         start += n
     assert len(locate_img_pos(ids)) == 4
+    # the pair asked sits where the answers of two-picture questions are predicted, and only there
+    assert (asked[:2] == -100).all() and torch.equal(asked[2] >= 0, target_mask[2])
+    _, turns = conversations[2]
+    starts = (target_mask[2] & ~target_mask[2].roll(1)).nonzero()[:, 0]  # the first position of each answer
+    assert [int(asked[2, c]) for c in starts.tolist()] == [toy_train.WHICH_ASKED[q] for q, _ in turns]
+    assert toy_train.WHICH_ASKED["哪张图片里有蓝色的正方形？"] == COLORS.index("blue") * len(KINDS) + KINDS.index("square")
 
 
 def test_conversations_ask_what_the_templates_allow(tokenizer):
@@ -137,20 +143,21 @@ def test_picture_probe_tags_every_image_token_and_summarises_at_image_end(tiny_m
     from qwenvl_lab.prompt_table import single_table_batch
 
     probe = toy_train.PictureProbe(tiny_model, layer=1)
-    for head in (probe.tag, probe.inventory, probe.count):
+    for head in (probe.tag, probe.inventory, probe.count, probe.asked):
         head.weight.data.zero_()
         head.bias.data.zero_()
     probe.tag.bias.data = torch.tensor([0.0, 50.0])  # always says "picture 2": right on exactly half the tagged tokens
     rng = random.Random(3)
     hidden, vocab_size = tiny_model.config.hidden_size, tiny_model.config.vocab_size
     chance = math.log(2) + math.log(3)  # inventory (binary, logit 0) + count (three classes, equal logits)
-    for pictures, tag_loss in ((2, 25.0), (1, 0.0)):  # 50 on picture 1's tokens, 0 on picture 2's; no tags for one
+    # two pictures: tags 50 on picture 1's tokens, 0 on picture 2's, and the pair asked at chance (12 classes)
+    for pictures, two_picture_loss in ((2, 25.0 + math.log(12)), (1, 0.0)):
         conversations = [toy_train.make_conversation(rng, pictures) for _ in range(2)]
-        ids, mask, *_ = toy_train.make_batch(tokenizer, conversations)
+        ids, mask, *_, asked = toy_train.make_batch(tokenizer, conversations)
         fake_ids, table, tasks, span = single_table_batch(ids, torch.zeros(2 * pictures, 256, hidden), vocab_size)
         with torch.no_grad():
             tiny_model(fake_ids, attention_mask=mask, prompt_table=table, tasks=tasks, task_vocab_size=span)
         assert probe.hidden.shape == (*ids.shape, hidden)  # the first block's output was captured
-        loss = probe.loss(fake_ids, vocab_size, [s for scenes, _ in conversations for s in scenes])
-        assert torch.isclose(loss, torch.tensor(tag_loss + chance), atol=1e-3)
+        loss = probe.loss(fake_ids, vocab_size, [s for scenes, _ in conversations for s in scenes], asked)
+        assert torch.isclose(loss, torch.tensor(two_picture_loss + chance), atol=1e-3)
     probe.hook.remove()

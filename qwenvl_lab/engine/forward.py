@@ -112,12 +112,13 @@ class LanguageModelEngine:
                                  "them only through Triton's interpreter (TRITON_INTERPRET=1 set before torch is "
                                  "imported, as the tests do). Pass fused_decode=False here")
             from . import triton_linear
+            from .triton_attention import decode_attention
 
             if rows > triton_linear.MAX_ROWS:
                 raise ValueError(f"the fused decode kernels take at most {triton_linear.MAX_ROWS} rows a step, and this "
                                  f"engine holds {rows} (max_batch_size × max_beam_width): build it smaller or pass "
                                  "fused_decode=False")
-            self.fused_decode = triton_linear
+            self.fused_decode, self.fused_attention = triton_linear, decode_attention
 
     def compile_decode(self) -> None:
         """Fuse the decode step's small ops with torch.compile (Triton on CUDA): fewer kernels per layer."""
@@ -156,10 +157,10 @@ class LanguageModelEngine:
         """One token per row: ids [n] at positions pos [n], attending to the first kv_len cache entries: logits [n, V]."""
         n = ids.shape[0]
         x = self.embed(ids)  # [n, H]
+        if self.fused_decode is not None:
+            return self._fused_layers(x, pos, kv_len)
         bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
         bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
-        if self.fused_decode is not None:
-            return self._fused_layers(x, pos, bias)
         cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
         for layer, cache in zip(self.layers, self.kv_cache):
             q, kv = self.decode_attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
@@ -177,16 +178,16 @@ class LanguageModelEngine:
                                              attn_mask=bias)  # [n, heads, 1, hd]
         return out.reshape(n, -1)
 
-    def _fused_layers(self, x, pos, bias) -> torch.Tensor:
-        """The decode step's layers with the Triton kernels (triton_linear): a float32 residual stream that the two
-        projections add into, gate · silu(fc) inside the MLP's first product, RoPE and the KV-cache write in one
-        kernel."""
+    def _fused_layers(self, x, pos, kv_len: int) -> torch.Tensor:
+        """The decode step's layers with the Triton kernels (triton_linear, triton_attention): a float32 residual
+        stream that the two projections add into, gate · silu(fc) inside the MLP's first product, RoPE and the
+        KV-cache write in one kernel, attention split over the keys and masked by position."""
         kernels = self.fused_decode
         x = x.float()  # [n, H]: the residual stream
         for layer, cache in zip(self.layers, self.kv_cache):
             qkv = kernels.fused_linear(kernels.rms_norm(x, layer.ln_1, self.eps), layer.qkv_t.t(), layer.qkv_b)
             q = kernels.rope_to_cache(qkv, self.cos, self.sin_signed, pos, cache)  # [n, heads, hd]
-            kernels.fused_linear(self._attend(q, None, cache, pos, bias), layer.dense_t.t(), out=x)
+            kernels.fused_linear(self.fused_attention(q, cache, pos, kv_len), layer.dense_t.t(), out=x)
             mlp = kernels.fused_linear(kernels.rms_norm(x, layer.ln_2, self.eps), layer.gate_fc_t.t(), swiglu=True)
             kernels.fused_linear(mlp, layer.proj_t.t(), out=x)  # [n, H]
         return kernels.fused_linear(kernels.rms_norm(x, self.ln_f, self.eps), self.lm_head_t.t()).float()  # [n, V]

@@ -44,9 +44,10 @@ class ModelRunner:
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
         on_cuda = device.type == "cuda"
-        self.compile_decode = on_cuda if compile_decode is None else bool(compile_decode)
         rows = build_config.max_batch_size * build_config.max_beam_width
         self.fused_decode = bool(fused_decode) if fused_decode is not None else fused_by_default(device, rows)
+        # torch.compile fuses the plain decode step's small ops; the fused decode step does not call them
+        self.compile_decode = on_cuda and not self.fused_decode if compile_decode is None else bool(compile_decode)
         self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, self.compile_decode,
                                           self.fused_decode)
         self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
