@@ -169,11 +169,10 @@ class LanguageModelEngine:
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
 
     def _attend(self, q, kv, cache, pos, bias) -> torch.Tensor:
-        """Write kv [n, 2, heads, hd] (None: already written) at pos into one layer's cache, attend q [n, heads, hd]
-        to its first kv_len keys (bias: the mask [n, 1, 1, kv_len]): [n, heads·hd]."""
+        """Write kv [n, 2, heads, hd] at pos into one layer's cache, attend q [n, heads, hd] to its first kv_len keys
+        (bias: the mask [n, 1, 1, kv_len]): [n, heads·hd]."""
         n, kv_len = q.shape[0], bias.shape[-1]
-        if kv is not None:
-            cache[:, self.row_ids[:n], :, pos] = kv  # into [2, rows, heads, S, hd]
+        cache[:, self.row_ids[:n], :, pos] = kv  # into [2, rows, heads, S, hd]
         out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
                                              attn_mask=bias)  # [n, heads, 1, hd]
         return out.reshape(n, -1)
