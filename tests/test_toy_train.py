@@ -102,6 +102,17 @@ def test_training_is_deterministic(tmp_path):
     assert first["lm_head.weight"].dtype == torch.bfloat16  # stored like Qwen-VL-Chat
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+def test_training_on_cuda_runs_its_held_out_checks_there(tmp_path, capsys):
+    """`--device cuda`: the model trains on the GPU and the held-out check it prints every eval_every steps runs there."""
+    model = toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path, eval_every=2, vision_steps=2,
+                            sharpen_steps=2, device="cuda")
+    assert "stage 2: the whole model, step 2: loss" in capsys.readouterr().out
+    assert (tmp_path / "model.safetensors").exists() and model.device.type == "cpu"  # saved and returned on the CPU
+
+
 def test_evaluate_command_prints_every_question_kind(tiny_checkpoint, capsys):
     toy_evaluate.main(["--checkpoint", str(tiny_checkpoint), "--seed", "2", "--n", "8"])
     out = capsys.readouterr().out

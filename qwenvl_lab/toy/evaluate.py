@@ -27,9 +27,12 @@ def chat_batch(tokenizer, pictures, questions, history=None):
 
 
 def answer_with_features(model, tokenizer, ids, mask, input_vit, max_new_tokens=24) -> list[str]:
-    """Greedy answers when the pictures of `ids` (in order) are given as `input_vit` [N, 256, H] through the prompt table."""
+    """Greedy answers when the pictures of `ids` (in order) are given as `input_vit` [N, 256, H] through the prompt table
+    (on the model's device, CPU or CUDA)."""
+    ids, mask = ids.to(model.device), mask.to(model.device)
     with torch.inference_mode():
-        fake_ids, table, tasks, task_vocab_size = single_table_batch(ids, input_vit.to(model.dtype), model.config.vocab_size)
+        fake_ids, table, tasks, task_vocab_size = single_table_batch(ids, input_vit.to(model.device, model.dtype),
+                                                                     model.config.vocab_size)
         out = model.generate(fake_ids, attention_mask=mask, prompt_table=table if len(table) else None, tasks=tasks,
                              task_vocab_size=task_vocab_size, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=[IM_END_ID, IM_START_ID], pad_token_id=ENDOFTEXT_ID)
@@ -41,7 +44,8 @@ def ask(model, tokenizer, pictures, questions, zero_table=False, max_new_tokens=
     ids, mask = chat_batch(tokenizer, pictures, questions, history)
     images = [load_image(p) for pics in pictures for p in pics]
     with torch.inference_mode():
-        input_vit = model.transformer.visual.encode(images) if images else torch.zeros(0, 256, model.config.hidden_size)
+        input_vit = (model.transformer.visual.encode(images) if images
+                     else torch.zeros(0, 256, model.config.hidden_size, device=model.device))
     if zero_table:
         input_vit = torch.zeros_like(input_vit)
     return answer_with_features(model, tokenizer, ids, mask, input_vit, max_new_tokens)
