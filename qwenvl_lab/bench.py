@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="engine decode without CUDA graphs")
     parser.add_argument("--no-compile", action="store_true", help="engine decode without torch.compile")
-    parser.add_argument("--no-fused", action="store_true", help="engine decode without Triton's fused linear layers")
+    parser.add_argument("--no-fused", action="store_true", help="engine decode without its Triton kernels")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -378,7 +378,7 @@ def format_table(report: dict) -> str:
         f"{bw['limit_decode_steps_per_s']:.1f} decode steps/s "
         f"({report['model']['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step)",
         f"engine: CUDA graphs {'on' if report['settings']['cuda_graphs'] else 'off'}, compiled decode "
-        f"{'on' if report['settings']['compile_decode'] else 'off'}, Triton fused linear "
+        f"{'on' if report['settings']['compile_decode'] else 'off'}, Triton decode kernels "
         f"{'on' if report['settings'].get('fused_decode') else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
         f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
         f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "

@@ -19,7 +19,6 @@ from qwenvl_lab.tokenizing import load_tokenizer
 torch.set_num_threads(1)
 
 
-
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Directory of a small random checkpoint in Qwen-VL-Chat's layout (real vocab size, qwen.tiktoken)."""

@@ -101,7 +101,7 @@ class LanguageModelEngine:
         if compile_decode:
             self.compile_decode()
         self.fused_decode = None
-        if fused_decode:  # Triton's fused linear layers (on a CPU through its interpreter: tests only)
+        if fused_decode:  # Triton's decode kernels (on a CPU through its interpreter: tests only)
             if importlib.util.find_spec("triton") is None:
                 raise ValueError("fused_decode=True needs triton (pip install triton; CUDA builds of torch bring it), "
                                  "or pass fused_decode=False")

@@ -58,8 +58,8 @@ class ModelRunner:
     @classmethod
     def from_dir(cls, engine_dir, device="cpu", cuda_graphs=None, compile_decode=None,
                  fused_decode=None) -> "ModelRunner":
-        """Load an engine directory written by build_engine onto `device` (CUDA graphs, compile and Triton's fused
-        linear layers default on CUDA)."""
+        """Load an engine directory written by build_engine onto `device` (CUDA graphs and Triton's decode kernels
+        default on CUDA; torch.compile where those kernels are off)."""
         build_config, pretrained = load_engine_config(engine_dir)
         return cls(build_config, pretrained, load_engine_weights(engine_dir), device, cuda_graphs, compile_decode,
                    engine_dir, fused_decode)
