@@ -9,9 +9,11 @@ float32 residual stream (split over K across programs, with atomic adds: more pr
 the cache. Rows (the batch, at most 16) go through tl.dot; the same kernels run on a CPU through Triton's
 interpreter (TRITON_INTERPRET=1, tests).
 
-Measured on an H200 (fp16, Qwen-VL-Chat's shapes, batch 1): the RMSNorm folded into the products (its
-statistics gathered while streaming, the rows scaled before tl.dot) ran at a third of the bandwidth, so the
-norm is its own small kernel.
+Measured on an H200 (fp16, Qwen-VL-Chat's shapes, batch 1), and left out: the RMSNorm folded into the products
+ran at a third of the bandwidth (rows normalised before tl.dot) or at half (the float32 residual stream through
+tf32, the product scaled afterwards), so the norm is its own small kernel; RoPE and the cache write inside the
+qkv product made the decode step slower (68.4 % against 74.1 % of the bandwidth limit), so `rope_to_cache` stays
+a kernel of its own.
 """
 
 import torch
@@ -22,7 +24,8 @@ MAX_ROWS = 16  # one tile of rows: decode batches are at most this (the engine's
 # tile shapes tried once per shape on a GPU (and split-K when the product is added into the residual stream);
 # the interpreter takes the first
 CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": s}, num_warps=w, num_stages=st)
-           for n, k, w, st in ((16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 5), (32, 256, 4, 4), (64, 128, 8, 4))
+           for n, k, w, st in ((16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 3), (32, 128, 4, 4), (32, 128, 4, 5),
+                               (32, 256, 4, 4), (64, 128, 8, 4), (64, 256, 4, 4))
            for s in (1, 2, 4)]
 
 
