@@ -9,6 +9,8 @@ size, whose tower is a one-layer stub here). The limit is weight bytes read per 
 matrix-vector product over the largest weight matrix reaches (in its faster memory layout), measured in the same run:
 the best of three probes, before the eager runs and before and after the engine's. CPU peak memory is the resident
 set above what the process held before that side's weights were loaded; CUDA peak memory is allocated memory.
+The engine's decode step is also timed with its matrix products alone (batch 1, as the engine runs them, nothing
+between them): how close to the limit the engine's design could get without its other work.
 """
 
 import argparse
@@ -171,6 +173,57 @@ def bandwidth_probe(weight: torch.Tensor, repeats: int) -> dict:
     return {"matrix": f"lm_head.weight {list(weight.shape)} {str(weight.dtype).removeprefix('torch.')}",
             "layout": layout, "bytes": size, "seconds": timings[layout], "gb_per_s": size / timings[layout] / 1e9,
             "gb_per_s_by_layout": {k: size / t / 1e9 for k, t in timings.items()}}
+
+
+def products_alone(engine, repeats: int) -> float:
+    """Seconds of one decode step's matrix products alone, the way the engine runs them at batch 1 (every layer's
+    four and `lm_head`, nothing between them; on CUDA one graph): the ceiling of the engine's design."""
+    layer0, device = engine.layers[0], engine.device
+
+    def rows(width):
+        return torch.randn(1, width, dtype=engine.dtype, device=device)
+
+    x, attn, mlp = rows(layer0.qkv_t.shape[0]), rows(layer0.dense_t.shape[0]), rows(layer0.proj_t.shape[0])
+    if engine.fused_decode is not None:
+        linear, residual = engine.fused_decode.fused_linear, torch.zeros(1, x.shape[1], device=device)
+
+        def step():
+            for layer in engine.layers:
+                linear(x, layer.qkv_t.t(), layer.qkv_b)
+                linear(attn, layer.dense_t.t(), out=residual)
+                linear(x, layer.gate_fc_t.t(), swiglu=True)
+                linear(mlp, layer.proj_t.t(), out=residual)
+            linear(x, engine.lm_head_t.t())
+    else:
+        def step():
+            for layer in engine.layers:
+                torch.addmm(layer.qkv_b, x, layer.qkv_t)
+                torch.addmm(x, attn, layer.dense_t)
+                x @ layer.gate_fc_t
+                torch.addmm(x, mlp, layer.proj_t)
+            x @ engine.lm_head_t
+    with torch.inference_mode():
+        run = step
+        if device.type == "cuda":
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                step()  # warm-up (and the autotuner) outside the capture
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            run = graph.replay
+        for _ in range(2):
+            run()
+        best = float("inf")
+        for _ in range(repeats):
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    return best
 
 
 def qwen_vl_chat_model(device: torch.device, dtype: torch.dtype) -> QWenLMHeadModel:
@@ -342,6 +395,7 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         if eager is not None:
             result["same_tokens_as_eager"] = int((result["tokens"] == eager["tokens"]).all(dim=1).sum())
         results.append({"method": "engine", **result})
+    products = products_alone(runner.engine, probe_repeats)
     probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), probe_repeats))
     probe = max(probes, key=lambda p: p["gb_per_s"])
     weight_bytes = runner.engine.weight_bytes_per_token  # the same tensors eager reads, in the same dtype
@@ -360,6 +414,7 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
                   "vocab_size": runner.vocab_size, "dtype": args.dtype, "weight_bytes_per_token": weight_bytes},
         "bandwidth": {**probe, "limit_decode_steps_per_s": limit,
                       "probes_gb_per_s": [p["gb_per_s"] for p in probes]},  # before eager, before and after the engine
+        "products_alone": {"ms": products * 1e3, "pct_of_limit": 100 / (products * limit)},
         "settings": {"device": str(device), "prompt_lengths": [len(ids) for ids in requests], "pictures_per_request": 1,
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "build_config": asdict(build_config),
                      "cuda_graphs": runner.cuda_graphs, "compile_decode": runner.compile_decode,
@@ -377,6 +432,8 @@ def format_table(report: dict) -> str:
         f"bandwidth: {bw['gb_per_s']:.1f} GB/s over {bw['matrix']} (as {bw['layout']}) -> limit "
         f"{bw['limit_decode_steps_per_s']:.1f} decode steps/s "
         f"({report['model']['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step)",
+        f"one decode step's matrix products alone (batch 1, nothing between them): "
+        f"{report['products_alone']['ms']:.2f} ms = {report['products_alone']['pct_of_limit']:.1f} % of the limit",
         f"engine: CUDA graphs {'on' if report['settings']['cuda_graphs'] else 'off'}, compiled decode "
         f"{'on' if report['settings']['compile_decode'] else 'off'}, Triton decode kernels "
         f"{'on' if report['settings'].get('fused_decode') else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"

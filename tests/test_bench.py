@@ -32,8 +32,12 @@ def test_tiny_benchmark_json(tmp_path, capsys):
         if r["method"] == "engine":
             assert r["same_tokens_as_eager"] == r["batch"]  # fp32 on the CPU: the same greedy tokens
     assert saved["results"][2]["throughput_vs_batch1"] == 1.0
+    products = saved["products_alone"]  # one decode step's matrix products alone: faster than the whole step
+    assert 0 < products["ms"] < 1e3 / saved["results"][2]["decode_steps_per_s"]
+    assert math.isclose(products["pct_of_limit"], 1e5 / (products["ms"] * bw["limit_decode_steps_per_s"]))
     table = capsys.readouterr().out
     assert "decode tok/s" in table and "% of limit" in table and "CUDA graphs off" in table
+    assert "matrix products alone" in table
     assert sum(line.startswith(("eager ", "engine ")) for line in table.splitlines()) == 4
 
 

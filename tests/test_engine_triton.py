@@ -163,3 +163,20 @@ def test_fused_decode_gives_the_plain_engines_tokens():
         ids, pos = torch.tensor([5, 6]), torch.tensor([5, 20])
         torch.testing.assert_close(fused.engine.decode_step(ids, pos, 21), plain.engine.decode_step(ids, pos, 21),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_bench_times_the_fused_products_alone():
+    """The benchmark's design ceiling runs the engine's own kernels when they are on (on a GPU in one CUDA graph)."""
+    from qwenvl_lab import bench
+
+    config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
+    fused = ModelRunner.from_model(small_model(), config, fused_decode=True)
+    calls = []
+    kernel = fused.engine.fused_decode.fused_linear
+    fused.engine.fused_decode = type("Counted", (), {"fused_linear": staticmethod(
+        lambda *a, **k: calls.append(k) or kernel(*a, **k))})
+    assert bench.products_alone(fused.engine, repeats=1) > 0
+    layers = len(fused.engine.layers)
+    runs, rest = divmod(len(calls), 4 * layers + 1)  # four products a layer, then lm_head
+    assert rest == 0 and runs >= 2  # warm-ups and timed runs (on CUDA: a warm-up and the capture, then replays)
+    assert sum(bool(k.get("swiglu")) for k in calls) == runs * layers
