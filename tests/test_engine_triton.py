@@ -2,6 +2,7 @@
 refuses what it cannot do, and the decode step built from them gives the plain engine's tokens."""
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -171,10 +172,13 @@ def test_bench_times_the_fused_products_alone():
 
     config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
     fused = ModelRunner.from_model(small_model(), config, fused_decode=True)
-    calls = []
-    kernel = fused.engine.fused_decode.fused_linear
-    fused.engine.fused_decode = type("Counted", (), {"fused_linear": staticmethod(
-        lambda *a, **k: calls.append(k) or kernel(*a, **k))})
+    calls, kernel = [], fused.engine.fused_decode.fused_linear
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs)
+        return kernel(*args, **kwargs)
+
+    fused.engine.fused_decode = SimpleNamespace(fused_linear=counted)
     assert bench.products_alone(fused.engine, repeats=1) > 0
     layers = len(fused.engine.layers)
     runs, rest = divmod(len(calls), 4 * layers + 1)  # four products a layer, then lm_head
