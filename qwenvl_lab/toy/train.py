@@ -45,9 +45,16 @@ from .shapes import (COLORS, KINDS, LANGS, MAX_SHAPES, PICTURE_SIZE, Scene, Shap
                      question, random_scene, which_picture)
 
 SPAN_NAME = "picture{k}.png"  # the path written in training spans (replaced by fake ids before the model sees it)
-WHICH_ASKED = {question("which", lang, shape=k, color=c): COLORS.index(c) * len(KINDS) + KINDS.index(k)
-               for lang in LANGS for c in COLORS for k in KINDS}  # "Which picture has a <c> <k>?" → the pair asked
 STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800  # the shipped model's run
+
+
+def pair_class(color: str, kind: str) -> int:
+    """The (colour, kind) pair as one class of len(COLORS) · len(KINDS): colour · 3 + kind."""
+    return COLORS.index(color) * len(KINDS) + KINDS.index(kind)
+
+
+WHICH_ASKED = {question("which", lang, shape=k, color=c): pair_class(c, k)
+               for lang in LANGS for c in COLORS for k in KINDS}  # "Which picture has a <c> <k>?" → the pair asked
 
 
 def encode_chat(tokenizer, n_images: int, text: str) -> list[int]:
@@ -181,7 +188,7 @@ def render_pixels(scenes) -> torch.Tensor:
 def patch_labels(scene: Scene) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image query, raster order [256]: the shape under its grid cell (0 background, else 1 + colour·3 + kind), its rank."""
     order = scene.left_to_right()
-    codes = Scene(tuple(Shape(s.kind, s.color, s.box, (1 + COLORS.index(s.color) * 3 + KINDS.index(s.kind), 1 + order.index(s), 0))
+    codes = Scene(tuple(Shape(s.kind, s.color, s.box, (1 + pair_class(s.color, s.kind), 1 + order.index(s), 0))
                         for s in scene.shapes), background=(0, 0, 0))
     grid = math.isqrt(N_QUERIES)
     step = PICTURE_SIZE // grid
@@ -233,7 +240,7 @@ class PictureProbe(torch.nn.Module):
         held = torch.zeros(len(scenes), len(COLORS) * len(KINDS), device=summary.device)
         for i, scene in enumerate(scenes):
             for s in scene.shapes:
-                held[i, COLORS.index(s.color) * len(KINDS) + KINDS.index(s.kind)] = 1.0
+                held[i, pair_class(s.color, s.kind)] = 1.0
         shapes = torch.tensor([len(scene.shapes) - 1 for scene in scenes], device=summary.device)
         total = F.binary_cross_entropy_with_logits(self.inventory(summary), held) + F.cross_entropy(self.count(summary), shapes)
         if len(scenes) > fake_ids.shape[0]:  # two pictures per prompt
