@@ -14,7 +14,7 @@ from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
 from qwenvl_lab.engine.forward import rope_  # noqa: E402
 from qwenvl_lab.engine.triton_attention import CHUNK, decode_attention  # noqa: E402
-from qwenvl_lab.engine.triton_linear import MAX_ROWS, fused_linear, rms_norm, rope_to_cache  # noqa: E402
+from qwenvl_lab.engine.triton_linear import MAX_ROWS, fused_linear, rms_norm  # noqa: E402
 from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig, RMSNorm  # noqa: E402
 
 K, N = 96, 40  # not multiples of the tiles: the masks are exercised
@@ -67,39 +67,34 @@ def test_rms_norm_equals_the_models(dtype):
         torch.testing.assert_close(got, expected, atol=8e-3, rtol=4e-3)  # the model rounds x to float16 first
 
 
-def test_rope_to_cache_equals_rope_and_cache_write():
-    torch.manual_seed(0)
-    heads, hd, seq, rows = 2, 16, 12, 4
-    qkv = torch.randn(3, 3 * heads * hd)  # rows 0..2
-    pos = torch.tensor([5, 0, 11])
-    angles = torch.arange(seq)[:, None] * torch.rand(hd // 2)  # any table of the NeoX form
-    cos = torch.cat([angles.cos()] * 2, dim=-1)
-    sin_signed = torch.cat([-angles.sin(), angles.sin()], dim=-1)
-    cache = torch.zeros(2, rows, heads, seq, hd)
-    ref = qkv.view(3, 3, heads, hd).clone()
-    q = rope_to_cache(qkv, cos, sin_signed, pos, cache)
-    rope_(ref[:, :2], cos[pos][:, None, None], sin_signed[pos][:, None, None])
-    torch.testing.assert_close(q, ref[:, 0])
-    expected = torch.zeros_like(cache)
-    expected[:, torch.arange(3), :, pos] = ref[:, 1:]
-    torch.testing.assert_close(cache, expected)
+def rope_tables(seq, hd):
+    """cos and sin_signed [seq, hd] of the NeoX form, as LanguageModelEngine holds them."""
+    angles = torch.arange(seq)[:, None] * torch.rand(hd // 2)
+    return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([-angles.sin(), angles.sin()], dim=-1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_decode_attention_equals_sdpa_with_a_position_mask(dtype):
-    """Rows at different positions (one chunk, several, a partial last chunk): SDPA over keys 0..pos."""
+def test_decode_attention_equals_rope_cache_write_and_sdpa(dtype):
+    """Rows at different positions (the first, one chunk, several, the first key of a chunk): RoPE on q and k, k and v
+    written into the cache at pos, then SDPA over keys 0..pos."""
     torch.manual_seed(0)
-    heads, hd, rows, seq = 2, 16, 4, 2 * CHUNK + 20
+    heads, hd, rows, seq = 2, 16, 5, 2 * CHUNK + 20
     cache = torch.randn(2, rows, heads, seq, hd).to(dtype)
-    pos = torch.tensor([3, 2 * CHUNK + 9, CHUNK])  # rows 0..2; kv_len = max + 1
-    q = torch.randn(3, heads, hd).to(dtype)
-    kv_len = int(pos.max()) + 1
-    got = decode_attention(q, cache, pos, kv_len)
-    mask = torch.arange(kv_len) <= pos[:, None, None, None]  # [3, 1, 1, kv_len]
-    expected = F.scaled_dot_product_attention(q.float()[:, :, None], cache[0, :3, :, :kv_len].float(),
-                                              cache[1, :3, :, :kv_len].float(), attn_mask=mask)  # [3, heads, 1, hd]
-    assert got.dtype == dtype and got.shape == (3, heads * hd)
-    torch.testing.assert_close(got.float(), expected.reshape(3, -1), **close(dtype))
+    cos, sin_signed = (t.to(dtype) for t in rope_tables(seq, hd))
+    pos = torch.tensor([3, 2 * CHUNK + 9, CHUNK, 0])  # rows 0..3; kv_len = max + 1
+    qkv = torch.randn(4, 3 * heads * hd).to(dtype)
+    kv_len, tickets = int(pos.max()) + 1, torch.zeros(4 * heads, dtype=torch.int32)
+    expected_cache, ref = cache.clone(), qkv.view(4, 3, heads, hd).clone()
+    rope_(ref[:, :2], cos[pos][:, None, None], sin_signed[pos][:, None, None])
+    expected_cache[:, torch.arange(4), :, pos] = ref[:, 1:]
+    got = decode_attention(qkv, cos, sin_signed, pos, cache, kv_len, tickets)
+    torch.testing.assert_close(cache, expected_cache, **close(dtype))
+    mask = torch.arange(kv_len) <= pos[:, None, None, None]  # [4, 1, 1, kv_len]
+    expected = F.scaled_dot_product_attention(ref[:, 0].float()[:, :, None], expected_cache[0, :4, :, :kv_len].float(),
+                                              expected_cache[1, :4, :, :kv_len].float(), attn_mask=mask)
+    assert got.dtype == dtype and got.shape == (4, heads * hd)
+    torch.testing.assert_close(got.float(), expected.reshape(4, -1), **close(dtype))
+    assert not tickets.any()  # every head's counter back at 0
 
 
 def test_kernels_refuse_what_they_cannot_do():
@@ -117,14 +112,18 @@ def test_kernels_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="weight \\[H\\]"):
         rms_norm(x, torch.ones(K + 1), 1e-6)
     cache, tables = torch.zeros(2, 1, 2, 12, 16), (torch.zeros(12, 16), torch.zeros(12, 16))
+    pos, tickets = torch.tensor([0]), torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="do not fit the cache"):
-        rope_to_cache(torch.zeros(1, 10), *tables, torch.tensor([0]), cache)
+        decode_attention(torch.zeros(1, 10), *tables, pos, cache, 4, tickets)
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        decode_attention(torch.zeros(1, 96), *tables, pos, cache, 13, tickets)  # kv_len > the cache's 12 positions
+    with pytest.raises(ValueError, match="at least 2 counters"):
+        decode_attention(torch.zeros(1, 96), *tables, pos, cache, 4, tickets[:1])
     with pytest.raises(ValueError, match="contiguous qkv"):
-        rope_to_cache(torch.zeros(1, 192)[:, ::2], *tables, torch.tensor([0]), cache)
-    with pytest.raises(ValueError, match="do not fit the cache"):
-        decode_attention(torch.zeros(1, 2, 16), cache, torch.tensor([0]), 13)  # kv_len > the cache's 12 positions
+        decode_attention(torch.zeros(1, 192)[:, ::2], *tables, pos, cache, 4, tickets)
     with pytest.raises(ValueError, match="head size that is a power of two"):
-        decode_attention(torch.zeros(1, 2, 12), torch.zeros(2, 1, 2, 12, 12), torch.tensor([0]), 4)
+        decode_attention(torch.zeros(1, 72), torch.zeros(12, 12), torch.zeros(12, 12), pos, torch.zeros(2, 1, 2, 12, 12),
+                         4, tickets)
     with pytest.raises(ValueError, match="at most 16 rows a step, and this engine holds 18"):
         ModelRunner.from_model(small_model(), BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16,
                                                           max_beam_width=3), fused_decode=True)

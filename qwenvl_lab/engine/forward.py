@@ -119,6 +119,7 @@ class LanguageModelEngine:
                                  f"engine holds {rows} (max_batch_size × max_beam_width): build it smaller or pass "
                                  "fused_decode=False")
             self.fused_decode, self.fused_attention = triton_linear, decode_attention
+            self.tickets = torch.zeros(rows * self.heads, dtype=torch.int32, device=self.device)  # attention's counters
 
     def compile_decode(self) -> None:
         """Fuse the decode step's small ops with torch.compile (Triton on CUDA): fewer kernels per layer."""
@@ -179,14 +180,14 @@ class LanguageModelEngine:
 
     def _fused_layers(self, x, pos, kv_len: int) -> torch.Tensor:
         """The decode step's layers with the Triton kernels (triton_linear, triton_attention): a float32 residual
-        stream that the two projections add into, gate · silu(fc) inside the MLP's first product, RoPE and the
-        KV-cache write in one kernel, attention split over the keys and masked by position."""
+        stream that the two projections add into, gate · silu(fc) inside the MLP's first product, RoPE, the KV-cache
+        write and attention split over the keys in one kernel."""
         kernels = self.fused_decode
         x = x.float()  # [n, H]: the residual stream
         for layer, cache in zip(self.layers, self.kv_cache):
             qkv = kernels.fused_linear(kernels.rms_norm(x, layer.ln_1, self.eps), layer.qkv_t.t(), layer.qkv_b)
-            q = kernels.rope_to_cache(qkv, self.cos, self.sin_signed, pos, cache)  # [n, heads, hd]
-            kernels.fused_linear(self.fused_attention(q, cache, pos, kv_len), layer.dense_t.t(), out=x)
+            attn = self.fused_attention(qkv, self.cos, self.sin_signed, pos, cache, kv_len, self.tickets)  # [n, H]
+            kernels.fused_linear(attn, layer.dense_t.t(), out=x)
             mlp = kernels.fused_linear(kernels.rms_norm(x, layer.ln_2, self.eps), layer.gate_fc_t.t(), swiglu=True)
             kernels.fused_linear(mlp, layer.proj_t.t(), out=x)  # [n, H]
         return kernels.fused_linear(kernels.rms_norm(x, self.ln_f, self.eps), self.lm_head_t.t()).float()  # [n, V]

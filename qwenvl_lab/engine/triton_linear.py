@@ -1,19 +1,21 @@
 """Engine, Triton decode kernels — the decode step's matrix-vector products with their neighbours fused in.
 
 At decode time each weight matrix is read once per step for a handful of rows, so a layer costs what it
-takes to stream its weights; every separate small kernel around it (residual add, SwiGLU, RoPE, the KV-cache
-write) adds a launch and a round trip of the activations. `fused_linear` streams W [N, K] once and finishes
-in the same kernel: the bias, Qwen's gated MLP `gate · silu(fc)`, or adding the product straight into the
-float32 residual stream (split over K across programs, with atomic adds: more programs for short outputs).
-`rms_norm` reads the residual stream once per norm; `rope_to_cache` rotates q and k and writes k and v into
-the cache. Rows (the batch, at most 16) go through tl.dot; the same kernels run on a CPU through Triton's
-interpreter (TRITON_INTERPRET=1, tests).
+takes to stream its weights; every separate small kernel around it (residual add, SwiGLU) adds a launch and a
+round trip of the activations. `fused_linear` streams W [N, K] once and finishes in the same kernel: the bias,
+Qwen's gated MLP `gate · silu(fc)`, or adding the product straight into the float32 residual stream (split over
+K across programs, with atomic adds: more programs for short outputs). `rms_norm` reads the residual stream once
+per norm (RoPE and the KV-cache write live in triton_attention). Rows (the batch, at most 16) go through tl.dot;
+the same kernels run on a CPU through Triton's interpreter (TRITON_INTERPRET=1, tests).
 
 Measured on an H200 (fp16, Qwen-VL-Chat's shapes, batch 1), and left out: the RMSNorm folded into the products
 ran at a third of the bandwidth (rows normalised before tl.dot) or at half (the float32 residual stream through
-tf32, the product scaled afterwards), so the norm is its own small kernel; RoPE and the cache write inside the
-qkv product made the decode step slower (68.4 % against 74.1 % of the bandwidth limit), so `rope_to_cache` stays
-a kernel of its own.
+tf32, the product scaled afterwards); written by the last program of the product that adds into the residual
+stream (a ticket counter, no kernel of its own) it saved nothing (4.04 ms a step against 4.02 with the same tile
+shapes), so the norm is its own small kernel. RoPE and the cache write inside the qkv product made the decode step
+slower (68.4 % against 74.1 % of the bandwidth limit). Prefetching the next weights into L2 during the small
+kernels (PTX prefetch.global.L2 per line, or cp.async.bulk.prefetch.L2) slowed the step (4.24 and 5.13 ms
+against 4.02).
 """
 
 import torch
@@ -126,44 +128,3 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _rms_norm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], eps, x.stride(0), y.stride(0),
                                     BLOCK=triton.next_power_of_2(x.shape[1]))
     return y
-
-
-@triton.jit
-def _rope_to_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr, heads,
-                          stride_qkv, stride_table, stride_q, stride_kv, stride_row, stride_head, stride_pos,
-                          HALF: tl.constexpr):
-    """Program (row, part·heads + head): NeoX RoPE on q and k (x·cos + [x2 | x1]·[-sin | sin]), then q into q,
-    k and v into the cache at the row's position."""
-    row, job = tl.program_id(0), tl.program_id(1)
-    part, head = job // heads, job % heads
-    d = tl.arange(0, HALF)
-    src = qkv_ptr + row * stride_qkv + job * 2 * HALF + d
-    a, b = tl.load(src).to(tl.float32), tl.load(src + HALF).to(tl.float32)
-    pos = tl.load(pos_ptr + row)
-    if part < 2:
-        cos, sin = cos_ptr + pos * stride_table + d, sin_ptr + pos * stride_table + d
-        a, b = (a * tl.load(cos).to(tl.float32) + b * tl.load(sin).to(tl.float32),
-                b * tl.load(cos + HALF).to(tl.float32) + a * tl.load(sin + HALF).to(tl.float32))
-    if part == 0:
-        dst = q_ptr + row * stride_q + head * 2 * HALF + d
-    else:
-        dst = cache_ptr + (part - 1) * stride_kv + row * stride_row + head * stride_head + pos * stride_pos + d
-    tl.store(dst, a.to(dst.dtype.element_ty))
-    tl.store(dst + HALF, b.to(dst.dtype.element_ty))
-
-
-def rope_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, pos: torch.Tensor,
-                  cache: torch.Tensor) -> torch.Tensor:
-    """qkv [n, 3·heads·hd] of rows 0..n-1 at positions pos [n]: k and v into cache [2, rows, heads, S, hd] (RoPE on
-    k), and q with RoPE returned [n, heads, hd]; cos, sin_signed [S, hd] as in LanguageModelEngine."""
-    n = qkv.shape[0]
-    _, rows, heads, seq, hd = cache.shape
-    if qkv.shape[1] != 3 * heads * hd or n > rows or cos.shape != (seq, hd) or sin_signed.shape != (seq, hd):
-        raise ValueError(f"qkv {tuple(qkv.shape)} and tables {tuple(cos.shape)} do not fit the cache {tuple(cache.shape)}")
-    if cache.stride(-1) != 1 or not all(t.is_contiguous() for t in (qkv, cos, sin_signed)):
-        raise ValueError("rope_to_cache needs contiguous qkv and tables and a cache with contiguous head vectors")
-    q = torch.empty(n, heads, hd, dtype=cache.dtype, device=qkv.device)
-    _rope_to_cache_kernel[(n, 3 * heads)](qkv, cos, sin_signed, pos, q, cache, heads, qkv.stride(0), cos.stride(0),
-                                          q.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-                                          HALF=hd // 2)
-    return q
