@@ -145,6 +145,19 @@ def test_cuda_graph_protocol_on_cpu_gives_the_same_tokens(tiny_engine, requests)
     assert {rows for rows, _ in shapes} == {3, 9} and all(bucket % 64 == 0 for _, bucket in shapes)
 
 
+def test_one_row_on_a_cpu_gives_the_batched_tokens(tiny_engine, requests):
+    """One request takes the CPU decode step's one-row path (Python ints, views, no mask); through the CUDA-graph
+    buckets its KV length runs past its position, over another prompt's stale entries, which the mask must hide."""
+    plain, graphed = ModelRunner.from_dir(tiny_engine), ModelRunner.from_dir(tiny_engine, cuda_graphs=True)
+    prompt, other = requests[3][0], requests[7][0]  # text only
+    alone = plain.generate([prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[0, 0]
+    batched = plain.generate([other, prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[1, 0]  # n = 2
+    assert torch.equal(alone, batched[: len(alone)])
+    graphed.generate([other], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)  # leaves entries past prompt's end
+    assert torch.equal(graphed.generate([prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[0, 0], alone)
+    assert all(bucket > len(prompt) + NEW_TOKENS for _, bucket in graphed.decoder.graphs)  # the masked case ran
+
+
 @pytest.mark.slow
 def test_compiled_decode_layers_give_the_same_tokens(tiny_engine):
     """torch.compile of the decode layers (what CUDA uses by default) traces in one graph and keeps the tokens (CPU)."""

@@ -157,23 +157,32 @@ class LanguageModelEngine:
     def decode_step(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One token per row: ids [n] at positions pos [n], attending to the first kv_len cache entries: logits [n, V]."""
         n = ids.shape[0]
-        x = self.embed(ids)  # [n, H]
         if self.fused_decode is not None:
-            return self._fused_layers(x, pos, kv_len)
-        bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
-        cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
+            return self._fused_layers(self.embed(ids), pos, kv_len)
+        if self.device.type == "cpu" and n == 1:  # Python ints: each lookup a view, the cache write a plain copy
+            token, at = int(ids[0]), int(pos[0])
+            x, cos, sin = self.vocab_embedding[token][None], self.cos[at], self.sin_signed[at]  # [1, H], [hd], [hd]
+            rows, bias = 0, None  # cache row 0; no mask while the row attends to every key
+            if kv_len > at + 1:
+                bias = torch.zeros(1, 1, 1, kv_len, dtype=self.dtype)
+                bias[..., at + 1 :] = self.mask_value
+        else:
+            x, rows, at = self.embed(ids), self.row_ids[:n], pos  # [n, H]
+            bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
+            bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
+            cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
         for layer, cache in zip(self.layers, self.kv_cache):
             q, kv = self.decode_attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
-            out = self._attend(q, kv, cache, pos, bias)  # [n, heads·hd]
+            out = self._attend(q, kv, cache, rows, at, bias, kv_len)  # [n, heads·hd]
             x = self.decode_mlp_output(x, out, layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t, layer.proj_t)
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
 
-    def _attend(self, q, kv, cache, pos, bias) -> torch.Tensor:
-        """Write kv [n, 2, heads, hd] at pos into one layer's cache, attend q [n, heads, hd] to its first kv_len keys
-        (bias: the mask [n, 1, 1, kv_len]): [n, heads·hd]."""
-        n, kv_len = q.shape[0], bias.shape[-1]
-        cache[:, self.row_ids[:n], :, pos] = kv  # into [2, rows, heads, S, hd]
+    def _attend(self, q, kv, cache, rows, at, bias, kv_len: int) -> torch.Tensor:
+        """Write kv [n, 2, heads, hd] into one layer's cache [2, rows, heads, S, hd] — row rows[i] at position at[i],
+        or for one row the ints 0 and its position — and attend q [n, heads, hd] to the first kv_len keys (bias: the
+        mask [n, 1, 1, kv_len] or None): [n, heads·hd]."""
+        n = q.shape[0]
+        cache[:, rows, :, at] = kv if isinstance(at, torch.Tensor) else kv[0]
         out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
                                              attn_mask=bias)  # [n, heads, 1, hd]
         return out.reshape(n, -1)
