@@ -159,18 +159,18 @@ class LanguageModelEngine:
         n = ids.shape[0]
         if self.fused_decode is not None:
             return self._fused_layers(self.embed(ids), pos, kv_len)
-        if self.device.type == "cpu" and n == 1:  # Python ints: each lookup a view, the cache write a plain copy
+        one_row = self.device.type == "cpu" and n == 1  # Python ints: each lookup a view, the cache write a copy
+        if one_row:
             token, at = int(ids[0]), int(pos[0])
             x, cos, sin = self.vocab_embedding[token][None], self.cos[at], self.sin_signed[at]  # [1, H], [hd], [hd]
-            rows, bias = 0, None  # cache row 0; no mask while the row attends to every key
-            if kv_len > at + 1:
-                bias = torch.zeros(1, 1, 1, kv_len, dtype=self.dtype)
-                bias[..., at + 1 :] = self.mask_value
+            rows = 0  # the cache row
         else:
             x, rows, at = self.embed(ids), self.row_ids[:n], pos  # [n, H]
+            cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
+        bias = None  # no mask while a single row attends to every key
+        if not one_row or kv_len > at + 1:
             bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
             bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
-            cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
         for layer, cache in zip(self.layers, self.kv_cache):
             q, kv = self.decode_attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
             out = self._attend(q, kv, cache, rows, at, bias, kv_len)  # [n, heads·hd]
