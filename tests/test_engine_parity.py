@@ -169,9 +169,9 @@ def test_compiled_decode_layers_give_the_same_tokens(tiny_engine):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_engine_norm_and_rope_equal_the_models(dtype):
-    """The engine's fused RMS norm gives the eager model's numbers bit for bit; its three-op RoPE (one fused
-    multiply-add) the same up to the last bit."""
-    from qwenvl_lab.engine.forward import rms_norm, rope_
+    """The engine's fused RMS norm gives the eager model's numbers bit for bit, the CPU one-row step's norm (a dot
+    product and a Python float) the same up to the last bit; its three-op RoPE (one fused multiply-add) too."""
+    from qwenvl_lab.engine.forward import rms_norm, rms_norm_row, rope_
     from qwenvl_lab.modeling import RMSNorm, apply_rope, rope_cos_sin
 
     torch.manual_seed(0)
@@ -180,6 +180,10 @@ def test_engine_norm_and_rope_equal_the_models(dtype):
     x = (torch.randn(5, 128) * 3).to(dtype)
     with torch.no_grad():
         assert torch.equal(rms_norm(x, norm.weight, 1e-6), norm(x))
+        rows = torch.cat([rms_norm_row(row[None], norm.weight, 1e-6) for row in x])
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(rows, norm(x), atol=4 * eps, rtol=2 * eps)
+        assert not torch.equal(rms_norm_row(x[:1], norm.weight, 1.0), norm(x[:1]))  # eps is used
     qk = torch.randn(5, 2, 2, 64).to(dtype)  # [T, q|k, heads, hd]
     cos, sin = (t[0, 0][:, None, None] for t in rope_cos_sin(torch.arange(5)[None] + 40, 64, 10000.0, dtype))  # [T, 1, 1, hd]
     sin_signed = torch.cat([-sin[..., :32], sin[..., 32:]], dim=-1)

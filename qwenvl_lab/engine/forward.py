@@ -1,6 +1,7 @@
 """Engine, forward — packed prefill and one decode step of the language model over a preallocated KV cache."""
 
 import importlib.util
+import math
 import warnings
 
 import torch
@@ -16,25 +17,33 @@ def rms_norm(x, weight, eps: float):
     return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).type_as(x) * weight
 
 
+def rms_norm_row(x, weight, eps: float):
+    """rms_norm of one row [1, H] for a CPU's one-row decode step: the sum of squares as one dot product and the scale
+    as a Python float, three small ops where F.rms_norm runs eight (equal to rms_norm up to the last bit, not bit for
+    bit: the sum is added up in another order)."""
+    xf = x.float()
+    return (xf * (1.0 / math.sqrt(float(torch.dot(xf[0], xf[0])) / x.shape[-1] + eps))).type_as(x) * weight
+
+
 def rope_(qk, cos, sin_signed):
     """NeoX RoPE in place on qk [T, 2, heads, hd]: x·cos + rotate_half(x)·sin, with rotate_half(x)·sin written as
     the swapped halves of x times sin_signed = [-sin | sin] (three ops instead of slicing and concatenating)."""
-    swapped = qk.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [x2 | x1]
-    qk.copy_(torch.addcmul(qk * cos, swapped, sin_signed))
+    swapped = torch.roll(qk, qk.shape[-1] // 2, -1)  # [x2 | x1], a copy
+    qk.mul_(cos).addcmul_(swapped, sin_signed)
 
 
-def attention_input(x, ln_1, eps: float, qkv_t, qkv_b, cos, sin_signed, heads: int):
+def attention_input(x, ln_1, eps: float, qkv_t, qkv_b, cos, sin_signed, heads: int, norm=rms_norm):
     """ln_1, fused qkv and RoPE: (q [T, heads, hd], kv [T, 2, heads, hd]), views of one qkv buffer."""
-    qkv = torch.addmm(qkv_b, rms_norm(x, ln_1, eps), qkv_t).view(x.shape[0], 3, heads, -1)  # [T, 3, heads, hd]
+    qkv = torch.addmm(qkv_b, norm(x, ln_1, eps), qkv_t).view(x.shape[0], 3, heads, -1)  # [T, 3, heads, hd]
     rope_(qkv[:, :2], cos, sin_signed)
     return qkv[:, 0], qkv[:, 1:]
 
 
-def mlp_output(x, attn, dense_t, ln_2, eps: float, gate_fc_t, proj_t):
+def mlp_output(x, attn, dense_t, ln_2, eps: float, gate_fc_t, proj_t, norm=rms_norm):
     """Attention projection and residual, ln_2, gated MLP `proj(gate(x) * silu(fc(x)))` and residual: the new x [T, H]
     (each residual add inside its product: addmm)."""
     x = torch.addmm(x, attn, dense_t)  # [T, H]
-    gate, fc = (rms_norm(x, ln_2, eps) @ gate_fc_t).unflatten(-1, (2, -1)).unbind(-2)  # [T, ffn] each
+    gate, fc = (norm(x, ln_2, eps) @ gate_fc_t).unflatten(-1, (2, -1)).unbind(-2)  # [T, ffn] each
     return torch.addmm(x, gate * F.silu(fc), proj_t)
 
 
@@ -96,6 +105,7 @@ class LanguageModelEngine:
         half = self.head_dim // 2
         self.cos, self.sin_signed = cos[0, 0], torch.cat([-sin[0, 0, :, :half], sin[0, 0, :, half:]], dim=-1)  # [S, hd]
         self.key_pos, self.row_ids = positions, torch.arange(rows, device=self.device)
+        self.first_row = [(cache[:, 0], cache[0, :1], cache[1, :1]) for cache in self.kv_cache]  # cache row 0's views
         self.mask_value = torch.finfo(self.dtype).min
         self.decode_attention_input, self.decode_mlp_output = attention_input, mlp_output
         if compile_decode:
@@ -159,33 +169,42 @@ class LanguageModelEngine:
         n = ids.shape[0]
         if self.fused_decode is not None:
             return self._fused_layers(self.embed(ids), pos, kv_len)
-        one_row = self.device.type == "cpu" and n == 1  # Python ints: each lookup a view, the cache write a copy
-        if one_row:
-            token, at = int(ids[0]), int(pos[0])
-            x, cos, sin = self.vocab_embedding[token][None], self.cos[at], self.sin_signed[at]  # [1, H], [hd], [hd]
-            rows = 0  # the cache row
-        else:
-            x, rows, at = self.embed(ids), self.row_ids[:n], pos  # [n, H]
-            cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
-        bias = None  # no mask while a single row attends to every key
-        if not one_row or kv_len > at + 1:
-            bias = torch.zeros(n, 1, 1, kv_len, dtype=self.dtype, device=self.device)
-            bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # [n, 1, 1, kv_len]
+        if self.device.type == "cpu" and n == 1:
+            return self._one_row_step(int(ids[0]), int(pos[0]), kv_len)
+        x, rows = self.embed(ids), self.row_ids[:n]  # [n, H]
+        cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]
+        bias = self._mask(pos, kv_len)
         for layer, cache in zip(self.layers, self.kv_cache):
             q, kv = self.decode_attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads)
-            out = self._attend(q, kv, cache, rows, at, bias, kv_len)  # [n, heads·hd]
-            x = self.decode_mlp_output(x, out, layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t, layer.proj_t)
+            cache[:, rows, :, pos] = kv  # row i's key and value at position pos[i]
+            out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
+                                                 attn_mask=bias)  # [n, heads, 1, hd]
+            x = self.decode_mlp_output(x, out.reshape(n, -1), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t,
+                                       layer.proj_t)
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
 
-    def _attend(self, q, kv, cache, rows, at, bias, kv_len: int) -> torch.Tensor:
-        """Write kv [n, 2, heads, hd] into one layer's cache [2, rows, heads, S, hd] — row rows[i] at position at[i],
-        or for one row the ints 0 and its position — and attend q [n, heads, hd] to the first kv_len keys (bias: the
-        mask [n, 1, 1, kv_len] or None): [n, heads·hd]."""
-        n = q.shape[0]
-        cache[:, rows, :, at] = kv if isinstance(at, torch.Tensor) else kv[0]
-        out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
-                                             attn_mask=bias)  # [n, heads, 1, hd]
-        return out.reshape(n, -1)
+    def _one_row_step(self, token: int, at: int, kv_len: int) -> torch.Tensor:
+        """decode_step for a single row on a CPU, where every small op's overhead shows: the token and position as
+        Python ints (the embedding and RoPE rows are views, the cache write a plain copy into views of cache row 0
+        made once), rms_norm_row, and no mask while the row attends to every key: logits [1, V]."""
+        x, cos, sin = self.vocab_embedding[token][None], self.cos[at], self.sin_signed[at]  # [1, H], [hd], [hd]
+        bias = self._mask(torch.tensor([at]), kv_len) if kv_len > at + 1 else None  # a KV bucket past the row
+        # torch.compile's functions keep rms_norm (the Python float would break their graph)
+        norm = rms_norm_row if self.decode_attention_input is attention_input else rms_norm
+        for layer, (kv_row, k_row, v_row) in zip(self.layers, self.first_row):
+            q, kv = self.decode_attention_input(x, layer.ln_1, self.eps, layer.qkv_t, layer.qkv_b, cos, sin, self.heads,
+                                                norm)
+            kv_row.select(2, at).copy_(kv[0])  # [2, heads, hd]
+            out = F.scaled_dot_product_attention(q.unsqueeze(2), k_row.narrow(2, 0, kv_len), v_row.narrow(2, 0, kv_len),
+                                                 attn_mask=bias)  # [1, heads, 1, hd]
+            x = self.decode_mlp_output(x, out.view(1, -1), layer.dense_t, layer.ln_2, self.eps, layer.gate_fc_t,
+                                       layer.proj_t, norm)
+        return (norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()  # [1, V]
+
+    def _mask(self, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """Attention bias [n, 1, 1, kv_len]: 0 up to each row's position pos[i], the dtype's minimum after it."""
+        bias = torch.zeros(pos.shape[0], 1, 1, kv_len, dtype=self.dtype, device=self.device)
+        return bias.masked_fill_(self.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)
 
     def _fused_layers(self, x, pos, kv_len: int) -> torch.Tensor:
         """The decode step's layers with the Triton kernels (triton_linear, triton_attention): a float32 residual
