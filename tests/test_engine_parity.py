@@ -178,10 +178,10 @@ def test_engine_norm_and_rope_equal_the_models(dtype):
     norm = RMSNorm(128, 1e-6).to(dtype)
     norm.weight.data.normal_()
     x = (torch.randn(5, 128) * 3).to(dtype)
+    eps = torch.finfo(dtype).eps  # below: differences of the order of one unit in the last place
     with torch.no_grad():
         assert torch.equal(rms_norm(x, norm.weight, 1e-6), norm(x))
         rows = torch.cat([rms_norm_row(row[None], norm.weight, 1e-6) for row in x])
-        eps = torch.finfo(dtype).eps
         torch.testing.assert_close(rows, norm(x), atol=4 * eps, rtol=2 * eps)
         assert not torch.equal(rms_norm_row(x[:1], norm.weight, 1.0), norm(x[:1]))  # eps is used
     qk = torch.randn(5, 2, 2, 64).to(dtype)  # [T, q|k, heads, hd]
@@ -189,6 +189,5 @@ def test_engine_norm_and_rope_equal_the_models(dtype):
     sin_signed = torch.cat([-sin[..., :32], sin[..., 32:]], dim=-1)
     expected = apply_rope(qk, cos, sin)
     rope_(qk, cos, sin_signed)
-    eps = torch.finfo(dtype).eps  # one rounding instead of two: differences of the order of one unit in the last place
-    torch.testing.assert_close(qk, expected, atol=4 * eps, rtol=2 * eps)
+    torch.testing.assert_close(qk, expected, atol=4 * eps, rtol=2 * eps)  # one rounding instead of two
     assert not torch.equal(qk.flip(-1), expected)  # the halves really are rotated
