@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ def test_tiny_benchmark_json(tmp_path, capsys):
     model, bw = saved["model"], saved["bandwidth"]
     assert model["hidden_size"] == 128 and model["layers"] == 2 and model["dtype"] == "float32"
     assert bw["bytes"] == 151936 * 128 * 4 and bw["gb_per_s"] > 0
+    assert bw["products_per_run"] == 23  # timed like the 23 decode steps of a 24-token run
+    assert bw["peak_gb_per_s"] >= max(bw["probes_gb_per_s"]) == bw["gb_per_s"]  # a single product beats a run's mean
     assert math.isclose(bw["limit_decode_steps_per_s"], bw["gb_per_s"] * 1e9 / model["weight_bytes_per_token"])
     assert saved["settings"]["build_config"]["max_prompt_embedding_table_size"] == 512  # 256 × 1 picture × batch 2
     order = [(r["method"], r["batch"]) for r in saved["results"]]
@@ -29,6 +32,7 @@ def test_tiny_benchmark_json(tmp_path, capsys):
         assert r["ttft_ms"] > 0 and r["total_ms"] > r["ttft_ms"] and r["peak_mem_mb"] > 0
         assert math.isclose(r["decode_tokens_per_s"], r["decode_steps_per_s"] * r["batch"])
         assert math.isclose(r["pct_of_limit"], 100 * r["decode_steps_per_s"] / bw["limit_decode_steps_per_s"])
+        assert math.isclose(r["pct_of_peak_limit"], r["pct_of_limit"] * bw["gb_per_s"] / bw["peak_gb_per_s"])
         if r["method"] == "engine":
             assert r["same_tokens_as_eager"] == r["batch"]  # fp32 on the CPU: the same greedy tokens
     assert saved["results"][2]["throughput_vs_batch1"] == 1.0
@@ -37,6 +41,7 @@ def test_tiny_benchmark_json(tmp_path, capsys):
     assert math.isclose(products["pct_of_limit"], 1e5 / (products["ms"] * bw["limit_decode_steps_per_s"]))
     table = capsys.readouterr().out
     assert "decode tok/s" in table and "% of limit" in table and "CUDA graphs off" in table
+    assert saved["settings"]["numba_decode"] is True and "numba decode kernel on" in table  # the CPU default
     assert "matrix products alone" in table
     assert sum(line.startswith(("eager ", "engine ")) for line in table.splitlines()) == 4
 
@@ -48,8 +53,24 @@ def test_weight_bytes_count_one_embedding_row():
 
 
 def test_bandwidth_probe_reads_the_matrix():
-    probe = bench.bandwidth_probe(torch.randn(256, 64), repeats=3)
+    probe = bench.bandwidth_probe(torch.randn(256, 64), runs=3, length=4)
     assert probe["bytes"] == 256 * 64 * 4 and probe["seconds"] > 0 and "[256, 64]" in probe["matrix"]
+    assert probe["products_per_run"] == 4 and set(probe["gb_per_s_by_layout"]) == {"[out, in]", "[in, out]"}
+    assert probe["gb_per_s"] == max(probe["gb_per_s_by_layout"].values()) <= probe["peak_gb_per_s"]
+
+
+def test_timed_runs_time_runs_of_calls_like_decode_steps():
+    """runs × length calls; a run's mean counts its slow calls, the single best does not."""
+    calls = []
+
+    def call():  # every third call is slow
+        calls.append(None)
+        if len(calls) % 3 == 0:
+            time.sleep(0.02)
+
+    run_mean, single = bench.timed_runs(call, runs=2, length=3, device=torch.device("cpu"))
+    assert len(calls) == 6
+    assert run_mean >= 0.02 / 3 and single < 0.01 and single <= run_mean
 
 
 def test_bad_options(tmp_path):

@@ -71,12 +71,17 @@ def engine_rows(output, requests_ids):
 
 
 def test_greedy_batch_of_one_equals_eager(case, requests):
+    """With numba's one-row kernel (the CPU default) and with the PyTorch ops it replaces."""
     model, runner, _ = case
+    assert runner.numba_decode
+    torch_ops = ModelRunner.from_dir(runner.engine_dir, numba_decode=False)
     for ids, input_vit in (requests[0], requests[2]):  # text only; two pictures
         fake_ids, table = own_table(ids, input_vit, runner.vocab_size)
-        out = runner.generate([fake_ids], prompt_table=table, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=ENDOFTEXT_ID,
-                              return_dict=True)
-        assert engine_rows(out, [fake_ids])[0][0] == eager(model, fake_ids, table)[0].tolist()
+        expected = eager(model, fake_ids, table)[0].tolist()
+        for engine in (runner, torch_ops):
+            out = engine.generate([fake_ids], prompt_table=table, max_new_tokens=NEW_TOKENS, end_id=-1,
+                                  pad_id=ENDOFTEXT_ID, return_dict=True)
+            assert engine_rows(out, [fake_ids])[0][0] == expected
 
 
 def test_mixed_batch_of_eight_equals_eager_per_prompt(case, requests):
@@ -148,7 +153,8 @@ def test_cuda_graph_protocol_on_cpu_gives_the_same_tokens(tiny_engine, requests)
 def test_one_row_on_a_cpu_gives_the_batched_tokens(tiny_engine, requests):
     """One request takes the CPU decode step's one-row path (Python ints, views, no mask); through the CUDA-graph
     buckets its KV length runs past its position, over another prompt's stale entries, which the mask must hide."""
-    plain, graphed = ModelRunner.from_dir(tiny_engine), ModelRunner.from_dir(tiny_engine, cuda_graphs=True)
+    plain, graphed = ModelRunner.from_dir(tiny_engine, numba_decode=False), ModelRunner.from_dir(
+        tiny_engine, cuda_graphs=True, numba_decode=False)  # the PyTorch one-row path (numba's: test_engine_numba)
     prompt, other = requests[3][0], requests[7][0]  # text only
     alone = plain.generate([prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[0, 0]
     batched = plain.generate([other, prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[1, 0]  # n = 2

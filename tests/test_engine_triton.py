@@ -178,7 +178,7 @@ def test_bench_times_the_fused_products_alone():
         return kernel(*args, **kwargs)
 
     fused.engine.fused_decode = SimpleNamespace(fused_linear=counted)
-    assert bench.products_alone(fused.engine, repeats=1) > 0
+    assert bench.products_alone(fused.engine, runs=1, length=2) > 0
     layers = len(fused.engine.layers)
     runs, rest = divmod(len(calls), 4 * layers + 1)  # four products a layer, then lm_head
     assert rest == 0 and runs >= 2  # warm-ups and timed runs (on CUDA: a warm-up and the capture, then replays)

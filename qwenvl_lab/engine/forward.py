@@ -82,7 +82,7 @@ class LanguageModelEngine:
     """The LM on one device: weights in the engine dtype, RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
 
     def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device, compile_decode=False,
-                 fused_decode=False):
+                 fused_decode=False, numba_decode=False):
         check_engine_weights(weights, pretrained_config)
         self.dtype, self.device = build_config.torch_dtype, torch.device(device)
         w = {name: t.to(device=self.device, dtype=self.dtype) for name, t in weights.items()}
@@ -130,6 +130,13 @@ class LanguageModelEngine:
                                  "fused_decode=False")
             self.fused_decode, self.fused_attention = triton_linear, decode_attention
             self.tickets = torch.zeros(rows * self.heads, dtype=torch.int32, device=self.device)  # attention's counters
+        self.row_decoder = None
+        if numba_decode:  # a CPU's one-row decode step as one compiled call
+            if importlib.util.find_spec("numba") is None:
+                raise ValueError("numba_decode=True needs numba (pip install numba), or pass numba_decode=False")
+            from .numba_decode import RowDecoder
+
+            self.row_decoder = RowDecoder(self)
 
     def compile_decode(self) -> None:
         """Fuse the decode step's small ops with torch.compile (Triton on CUDA): fewer kernels per layer."""
@@ -170,6 +177,8 @@ class LanguageModelEngine:
         if self.fused_decode is not None:
             return self._fused_layers(self.embed(ids), pos, kv_len)
         if self.device.type == "cpu" and n == 1:
+            if self.row_decoder is not None:
+                return self.row_decoder(int(ids[0]), int(pos[0]), kv_len) @ self.lm_head_t  # [1, V]
             return self._one_row_step(int(ids[0]), int(pos[0]), kv_len)
         x, rows = self.embed(ids), self.row_ids[:n]  # [n, H]
         cos, sin = self.cos[pos][:, None, None], self.sin_signed[pos][:, None, None]  # [n, 1, 1, hd]

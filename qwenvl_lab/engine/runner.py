@@ -18,6 +18,11 @@ from .forward import LanguageModelEngine
 from .sampling import is_greedy, sample_tokens
 
 
+def numba_by_default(device: torch.device, dtype: torch.dtype) -> bool:
+    """The numba one-row decode kernel by default: on a CPU, for float32 engines, with numba installed."""
+    return device.type == "cpu" and dtype == torch.float32 and importlib.util.find_spec("numba") is not None
+
+
 def fused_by_default(device: torch.device, rows: int) -> bool:
     """The Triton decode kernels by default: on CUDA, with triton installed, for at most their MAX_ROWS rows a step."""
     if device.type != "cuda" or importlib.util.find_spec("triton") is None:
@@ -31,7 +36,7 @@ class ModelRunner:
     """An engine ready to generate: its limits, its weights on one device and a KV cache sized by the build."""
 
     def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device="cpu",
-                 cuda_graphs=None, compile_decode=None, engine_dir=None, fused_decode=None):
+                 cuda_graphs=None, compile_decode=None, engine_dir=None, fused_decode=None, numba_decode=None):
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
@@ -48,8 +53,11 @@ class ModelRunner:
         self.fused_decode = bool(fused_decode) if fused_decode is not None else fused_by_default(device, rows)
         # torch.compile fuses the plain decode step's small ops; the fused decode step does not call them
         self.compile_decode = on_cuda and not self.fused_decode if compile_decode is None else bool(compile_decode)
+        # numba's kernel takes a CPU's one-row steps, unless the Triton kernels or torch.compile were asked for
+        self.numba_decode = numba_by_default(device, self.dtype) and not self.fused_decode and not self.compile_decode \
+            if numba_decode is None else bool(numba_decode)
         self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, self.compile_decode,
-                                          self.fused_decode)
+                                          self.fused_decode, self.numba_decode)
         self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
         self.decoder = DecodeGraphs(self.engine.decode_step, rows, build_config.max_seq_len, device) \
             if self.cuda_graphs else self.engine.decode_step
@@ -57,28 +65,30 @@ class ModelRunner:
 
     @classmethod
     def from_dir(cls, engine_dir, device="cpu", cuda_graphs=None, compile_decode=None,
-                 fused_decode=None) -> "ModelRunner":
+                 fused_decode=None, numba_decode=None) -> "ModelRunner":
         """Load an engine directory written by build_engine onto `device` (CUDA graphs and Triton's decode kernels
-        default on CUDA; torch.compile where those kernels are off)."""
+        default on CUDA; torch.compile where those kernels are off; numba's one-row kernel on a CPU in float32)."""
         build_config, pretrained = load_engine_config(engine_dir)
         return cls(build_config, pretrained, load_engine_weights(engine_dir), device, cuda_graphs, compile_decode,
-                   engine_dir, fused_decode)
+                   engine_dir, fused_decode, numba_decode)
 
     @classmethod
     def from_model(cls, model, build_config: BuildConfig, device=None, cuda_graphs=None,
-                   compile_decode=None, fused_decode=None) -> "ModelRunner":
+                   compile_decode=None, fused_decode=None, numba_decode=None) -> "ModelRunner":
         """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size)."""
         device = next(model.parameters()).device if device is None else device
         pretrained = trtllm_config(model.config, build_config.dtype)
         weights = to_trtllm_names(model.state_dict())
-        return cls(build_config, pretrained, weights, device, cuda_graphs, compile_decode, fused_decode=fused_decode)
+        return cls(build_config, pretrained, weights, device, cuda_graphs, compile_decode, fused_decode=fused_decode,
+                   numba_decode=numba_decode)
 
     def __repr__(self):
         b = self.build_config
         return (f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
                 f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
                 f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
-                f"cuda_graphs={self.cuda_graphs}, compile_decode={self.compile_decode}, fused_decode={self.fused_decode})")
+                f"cuda_graphs={self.cuda_graphs}, compile_decode={self.compile_decode}, fused_decode={self.fused_decode}, "
+                f"numba_decode={self.numba_decode})")
 
     @torch.inference_mode()
     def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
