@@ -107,13 +107,15 @@ class RowDecoder:
         if engine.device.type != "cpu" or engine.dtype != torch.float32:
             raise ValueError(f"the numba decode kernel runs float32 engines on a CPU, not {engine.dtype} on "
                              f"{engine.device.type}: build the engine with dtype float32, or pass numba_decode=False")
-        stacked = {name: torch.stack([getattr(layer, name) for layer in engine.layers]) for name in LAYER_WEIGHTS}
-        for i, layer in enumerate(engine.layers):
+        first, layers = engine.layers[0], len(engine.layers)
+        stacked = {name: torch.empty(layers, *getattr(first, name).shape, dtype=engine.dtype) for name in LAYER_WEIGHTS}
+        for i, layer in enumerate(engine.layers):  # one layer at a time: its own tensors are freed as it goes
             for name in LAYER_WEIGHTS:
-                setattr(layer, name, stacked[name][i])
+                setattr(layer, name, stacked[name][i].copy_(getattr(layer, name)))
         self.layer_weights = [stacked[name].numpy() for name in LAYER_WEIGHTS]  # [layers, …] each
         self.embedding, self.ln_f = engine.vocab_embedding.numpy(), engine.ln_f.numpy()
-        self.kv_cache, self.cos, self.sin_signed = engine.kv_cache.numpy(), engine.cos.numpy(), engine.sin_signed.numpy()
+        self.kv_cache = engine.kv_cache.numpy()  # [layers, 2, rows, heads, S, hd]: written in place
+        self.cos, self.sin_signed = engine.cos.numpy(), engine.sin_signed.numpy()  # [S, hd]
         self.eps, self.heads = engine.eps, engine.heads
 
     def __call__(self, token: int, at: int, kv_len: int) -> torch.Tensor:
