@@ -194,9 +194,10 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
 
 
 def products_alone(engine, runs: int, length: int) -> float:
-    """Seconds of one decode step's matrix products alone, the way the engine runs them at batch 1 (every layer's
-    four and `lm_head`, nothing between them; on CUDA one graph), timed like the engine's steps (the fastest run's
-    mean): the ceiling of the engine's design."""
+    """Seconds of one decode step's matrix products alone at batch 1 (every layer's four and `lm_head`, nothing
+    between them), timed like the engine's steps (the fastest run's mean): the ceiling of the engine's design. On CUDA
+    the engine's Triton kernels in one graph; on a CPU PyTorch's products (numba's kernel runs the layers' products as
+    loops of its own, not timed apart)."""
     layer0, device = engine.layers[0], engine.device
 
     def rows(width):

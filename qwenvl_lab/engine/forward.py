@@ -193,9 +193,10 @@ class LanguageModelEngine:
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()  # [n, V]
 
     def _one_row_step(self, token: int, at: int, kv_len: int) -> torch.Tensor:
-        """decode_step for a single row on a CPU, where every small op's overhead shows: the token and position as
-        Python ints (the embedding and RoPE rows are views, the cache write a plain copy into views of cache row 0
-        made once), rms_norm_row, and no mask while the row attends to every key: logits [1, V]."""
+        """decode_step for a single row on a CPU without numba's kernel (bfloat16 and float16 engines, compile_decode,
+        numba missing or turned off), where every small op's overhead shows: the token and position as Python ints
+        (the embedding and RoPE rows are views, the cache write a plain copy into views of cache row 0 made once),
+        rms_norm_row, and no mask while the row attends to every key: logits [1, V]."""
         x, cos, sin = self.vocab_embedding[token][None], self.cos[at], self.sin_signed[at]  # [1, H], [hd], [hd]
         bias = self._mask(torch.tensor([at]), kv_len) if kv_len > at + 1 else None  # a KV bucket past the row
         # torch.compile's functions keep rms_norm (the Python float would break their graph)
