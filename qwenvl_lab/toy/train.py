@@ -49,7 +49,7 @@ STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800  # the shi
 
 
 def pair_class(color: str, kind: str) -> int:
-    """The (colour, kind) pair as one class of len(COLORS) · len(KINDS): colour · 3 + kind."""
+    """The (colour, kind) pair as one class of len(COLORS) · len(KINDS): colour · len(KINDS) + kind."""
     return COLORS.index(color) * len(KINDS) + KINDS.index(kind)
 
 
