@@ -67,8 +67,8 @@ def test_run_trtllm_build_checks_its_arguments(tmp_path):
         run_trtllm_build(trtllm_build_command(tmp_path / "c", tmp_path / "e", README))
 
 
-@pytest.mark.skipif(not missing_gpu_stack("trtllm-build", "cuda"),
-                    reason="trtllm-build and a GPU are present: the GPU tests run the build")
+@pytest.mark.skipif(not missing_gpu_stack("tensorrt_llm", "cuda"),
+                    reason="tensorrt_llm and a GPU are present: the GPU tests run the build")
 def test_without_trtllm_build_the_error_prints_the_command(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "config.json").write_text(json.dumps({"dtype": "float16"}))
@@ -77,3 +77,41 @@ def test_without_trtllm_build_the_error_prints_the_command(tmp_path):
         run_trtllm_build(command)
     assert shlex.join(command) in str(err.value)
     assert not (tmp_path / "e").exists()
+
+
+STAND_IN_BUILD = '''"""A stand-in for tensorrt_llm.commands.build (tests only): main() records the arguments it was run with."""
+import json
+import os
+import sys
+
+
+def main():
+    with open(os.environ["STAND_IN_ARGV_FILE"], "w") as f:
+        json.dump(sys.argv[1:], f)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_build_runs_through_this_interpreter_without_trtllm_build_on_path(tmp_path, monkeypatch):
+    """An environment's Python run without activating it (make trtllm TRT_PY=…) has no trtllm-build on PATH: the build
+    goes through `python -m tensorrt_llm.commands.build`, found as an importable package."""
+    stand_in = tmp_path / "stand_in"
+    (stand_in / "tensorrt_llm" / "commands").mkdir(parents=True)
+    (stand_in / "tensorrt_llm" / "__init__.py").write_text("")
+    (stand_in / "tensorrt_llm" / "commands" / "__init__.py").write_text("")
+    (stand_in / "tensorrt_llm" / "commands" / "build.py").write_text(STAND_IN_BUILD)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").write_text(json.dumps({"dtype": "float16"}))
+    monkeypatch.syspath_prepend(str(stand_in))  # importable here (the presence check) ...
+    monkeypatch.setenv("PYTHONPATH", str(stand_in))  # ... and in the build's process
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no trtllm-build anywhere on PATH
+    monkeypatch.setenv("STAND_IN_ARGV_FILE", str(tmp_path / "argv.json"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert missing_gpu_stack("tensorrt_llm", "cuda") == []
+    command = trtllm_build_command(tmp_path / "c", tmp_path / "e", README)
+    saved = json.loads(json.dumps(command))  # the GPU stage reads the command the prepare stage saved
+    assert run_trtllm_build(saved) == tmp_path / "e"
+    assert json.loads((tmp_path / "argv.json").read_text()) == command[1:]

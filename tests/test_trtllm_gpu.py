@@ -19,7 +19,7 @@ from qwenvl_lab.trtllm.visual_plan import TRTVisualEncoder, build_visual_plan
 
 PLAN_NEEDS = missing_gpu_stack("tensorrt", "cuda")
 WORKDIR = os.environ.get("QWENVL_TRTLLM_WORKDIR")
-ENGINE_NEEDS = missing_gpu_stack("tensorrt", "tensorrt_llm", "trtllm-build", "cuda") + (
+ENGINE_NEEDS = missing_gpu_stack("tensorrt", "tensorrt_llm", "cuda") + (
     [] if WORKDIR else ["QWENVL_TRTLLM_WORKDIR (a workdir from `--stage prepare --reference`)"])
 
 

@@ -16,7 +16,7 @@ from qwenvl_lab.trtllm.gpu import missing_gpu_stack
 from qwenvl_lab.trtllm.pipeline import COMMAND_FILE, ONNX_FILE, REFERENCE_FILE, STOPPED, main, run_gpu_steps
 
 IMAGE = Path(__file__).resolve().parents[1] / "data" / "images" / "blue_square.png"
-MISSING = missing_gpu_stack("tensorrt", "tensorrt_llm", "trtllm-build", "cuda")
+MISSING = missing_gpu_stack("tensorrt", "tensorrt_llm", "cuda")
 
 
 @pytest.mark.skipif(not MISSING, reason="the TensorRT stack is present: the GPU tests run the whole path")

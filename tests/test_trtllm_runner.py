@@ -255,6 +255,19 @@ def test_answer_question_decodes_what_the_original_model_says(tiny):
     assert answer == tokenizer.decode(expected[n:].tolist(), skip_special_tokens=True)
 
 
+class OtherRankModelRunnerCpp:
+    """ModelRunnerCpp.generate on a rank that does not enqueue requests (tp_size > 1): it returns []."""
+
+    def generate(self, batch_input_ids, **kwargs):
+        return []
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_ranks_other_than_the_first_get_no_outputs(tmp_path, streaming):
+    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e", tp_size=2)), OtherRankModelRunnerCpp())
+    assert runner.generate([torch.tensor([1, 2])], max_new_tokens=4, streaming=streaming) is None
+
+
 def test_generate_checks_its_own_arguments(tiny):
     _, _, runner = tiny
     calls = len(runner.session.calls)

@@ -3,6 +3,7 @@
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from ..tokenizing import IMG_TOKEN_SPAN
 from .gpu import GPUStackError, missing_gpu_stack
 
 IMAGE_IDS = IMG_TOKEN_SPAN + 2  # an image takes <img> + 256 + </img> positions of the input
+BUILD_MODULE = "tensorrt_llm.commands.build"  # what the `trtllm-build` console script runs
 
 
 def dtype_name(dtype) -> str:
@@ -73,7 +75,11 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
 
 
 def run_trtllm_build(command: list[str]) -> Path:
-    """Run a `trtllm_build_command` list (needs `trtllm-build` from tensorrt_llm 1.2.x and a GPU): the engine dir."""
+    """Run a `trtllm_build_command` list (needs tensorrt_llm 1.2.x and a GPU): the engine dir.
+
+    The build runs as `python -m tensorrt_llm.commands.build …` with this interpreter, so an environment's
+    Python finds its own TensorRT-LLM even when that environment's `bin/` (where `trtllm-build` lives) is not on PATH.
+    """
     command = [str(part) for part in command]
     if not command or command[0] != "trtllm-build" or not {"--checkpoint_dir", "--output_dir"} <= set(command):
         raise ValueError("run_trtllm_build takes the argument list made by trtllm_build_command")
@@ -81,9 +87,9 @@ def run_trtllm_build(command: list[str]) -> Path:
     engine_dir = Path(command[command.index("--output_dir") + 1])
     if not (checkpoint_dir / "config.json").is_file():
         raise FileNotFoundError(f"no TensorRT-LLM checkpoint in {checkpoint_dir}; run convert_to_trtllm_checkpoint")
-    missing = missing_gpu_stack("trtllm-build", "cuda")
+    missing = missing_gpu_stack("tensorrt_llm", "cuda")
     if missing:
         raise GPUStackError(
             f"building the engine needs {'; '.join(missing)}. On a GPU machine run:\n{shlex.join(command)}")
-    subprocess.run(command, check=True)
+    subprocess.run([sys.executable, "-m", BUILD_MODULE, *command[1:]], check=True)
     return engine_dir

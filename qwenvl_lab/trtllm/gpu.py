@@ -1,7 +1,6 @@
-"""The optional GPU stack (tensorrt, tensorrt_llm, trtllm-build, an NVIDIA GPU): what is missing, said clearly."""
+"""The optional GPU stack (tensorrt, tensorrt_llm, an NVIDIA GPU): what is missing, said clearly."""
 
 import importlib.util
-import shutil
 
 import torch
 
@@ -10,7 +9,6 @@ GPU_STACK = {
     "tensorrt": "tensorrt (pip install tensorrt, NVIDIA GPU)",
     "tensorrt_llm": "tensorrt_llm 1.2.x (its own environment: Python 3.10/3.12, CUDA 13, libopenmpi, NVIDIA GPU; "
                     "pip install 'tensorrt_llm>=1.2,<1.3' there, then pip install --no-deps -e .)",
-    "trtllm-build": "trtllm-build (the command installed by tensorrt_llm 1.2.x)",
     "cuda": "an NVIDIA GPU visible to torch (torch.cuda.is_available() is False here)",
 }
 
@@ -22,13 +20,11 @@ class GPUStackError(RuntimeError):
 def _present(need: str) -> bool:
     if need == "cuda":
         return torch.cuda.is_available()
-    if need == "trtllm-build":
-        return shutil.which("trtllm-build") is not None
     return importlib.util.find_spec(need) is not None
 
 
 def missing_gpu_stack(*needs: str) -> list[str]:
-    """The pieces of `needs` ("tensorrt", "tensorrt_llm", "trtllm-build", "cuda") this machine lacks, described."""
+    """The pieces of `needs` ("tensorrt", "tensorrt_llm", "cuda") this machine lacks, described."""
     unknown = [n for n in needs if n not in GPU_STACK]
     if unknown:
         raise ValueError(f"unknown GPU-stack piece(s) {unknown}; use some of {sorted(GPU_STACK)}")

@@ -186,7 +186,6 @@ class TRTLLMRunner:
                 "would ignore the image (TensorRT-LLM issue #1300); rebuild it with trtllm_build_command"
             )
         return runtime_prompt_table(prompt_table, cfg.hidden_size, cfg.dtype)
-        return prompt_table
 
     @staticmethod
     def _own_tables(flat: torch.Tensor, rows: list[torch.Tensor], offsets: list[int]) -> torch.Tensor:
@@ -211,6 +210,8 @@ class TRTLLMRunner:
         Same arguments and outputs as engine.runner.ModelRunner.generate (rows: ids, new tokens, then pad_id;
         return_dict adds sequence_lengths). Request i reads table prompt_tasks[i] and its fake ids run from
         vocab_size over that table's rows (per_request_tables builds ids, table and tasks that way).
+        With tensor parallelism only rank 0 gets outputs, as in TensorRT-LLM: on the other ranks ModelRunnerCpp
+        enqueues nothing and returns [], and this returns None.
         """
         ids, tables, tasks = self.check_request(batch_input_ids, prompt_table, prompt_tasks, max_new_tokens, num_beams,
                                                 task_vocab_size)
@@ -227,6 +228,8 @@ class TRTLLMRunner:
             ids, prompt_table=tables, prompt_tasks=tasks, max_new_tokens=max_new_tokens, end_id=end_id, pad_id=pad_id,
             streaming=streaming, return_dict=True, output_sequence_lengths=True, **sampling,
         )
+        if isinstance(outputs, list) and not outputs:  # a rank that does not enqueue requests (tp_size > 1)
+            return None
         if streaming:
             return (engine_outputs(out, ids, max_new_tokens, pad_id, return_dict) for out in outputs)
         return engine_outputs(outputs, ids, max_new_tokens, pad_id, return_dict)
