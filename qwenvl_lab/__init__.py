@@ -16,11 +16,11 @@ _EXPORTS = {
     "vision": ("VisionTransformer", "load_image", "preprocess_images"),
     "modeling": ("QWenVLConfig", "QWenLMHeadModel"),
     "checkpoint": ("CheckpointError", "load_checkpoint", "make_tiny_checkpoint", "save_checkpoint"),
-    "toy": ("load_toy_model",),
+    "toy": ("load_course_model", "load_toy_model"),
     "engine": ("BuildConfig", "ModelRunner", "QWenInfer", "build_engine", "generate_for_qwenvl"),
     "trtllm.onnx_export": ("export_visual_onnx",),
     "trtllm.visual_plan": ("build_visual_plan",),
-    "trtllm.convert": ("convert_to_trtllm_checkpoint", "load_trtllm_checkpoint"),
+    "unified_checkpoint": ("convert_to_trtllm_checkpoint", "load_trtllm_checkpoint"),
     "trtllm.build_command": ("trtllm_build_command", "run_trtllm_build"),
     "trtllm.runner": ("TRTLLMRunner",),
 }

@@ -37,6 +37,8 @@ import transformers
 
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .engine import BuildConfig, ModelRunner, build_engine
+from .engine.cuda_graphs import KV_BUCKET
+from .engine.decode import BACKENDS
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
 from .prompt_table import to_torch_dtype
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
@@ -45,7 +47,6 @@ from .toy import TOY_DIR
 MODELS = ("toy", "tiny", "qwen-vl-chat")
 IMAGES_DIR = Path(__file__).resolve().parents[1] / "data" / "images"
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
-KV_ROUND = 64  # engine limits are rounded up to this
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,10 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement, best kept (default 3)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
-    parser.add_argument("--no-cuda-graphs", action="store_true", help="engine decode without CUDA graphs")
-    parser.add_argument("--no-compile", action="store_true", help="engine decode without torch.compile")
-    parser.add_argument("--no-fused", action="store_true", help="engine decode without its Triton kernels")
-    parser.add_argument("--no-numba", action="store_true", help="engine decode on a CPU without its numba kernel")
+    parser.add_argument("--decode-backend", choices=("auto", *BACKENDS), default="auto",
+                        help="the engine's decode back end (default auto: Triton kernels on CUDA, numba on a CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -118,11 +117,12 @@ class PeakMemory:
     def __exit__(self, *exc):
         if self.device.type == "cuda":
             synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device) - self.baseline
+            self.peak = max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
         else:
             status = Path("/proc/self/status").read_text() if Path("/proc/self/status").exists() else ""
             hwm = [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")]
-            self.peak = (hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - self.baseline
+            peak = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.peak = max(0, peak - self.baseline)  # 0: nothing held above the baseline (memory was given back)
 
 
 def release_memory(device: torch.device) -> None:
@@ -175,7 +175,7 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
     layouts = {"[out, in]": (weight.contiguous(), lambda w: F.linear(x, w)),
                "[in, out]": (weight.t().contiguous(), lambda w: x @ w)}
     if weight.device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-        from .engine.triton_linear import fused_linear
+        from .engine.decode.triton_linear import fused_linear
 
         layouts["[out, in], Triton"] = (layouts["[out, in]"][0], lambda w: fused_linear(x, w))
     timings = {}
@@ -193,19 +193,22 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
             "gb_per_s_by_layout": {name: size / run / 1e9 for name, (run, _) in timings.items()}}
 
 
-def products_alone(engine, runs: int, length: int) -> float:
+def products_alone(runner, runs: int, length: int) -> float:
     """Seconds of one decode step's matrix products alone at batch 1 (every layer's four and `lm_head`, nothing
     between them), timed like the engine's steps (the fastest run's mean): the ceiling of the engine's design. On CUDA
     the engine's Triton kernels in one graph; on a CPU PyTorch's products (numba's kernel runs the layers' products as
     loops of its own, not timed apart)."""
+    engine = runner.engine
     layer0, device = engine.layers[0], engine.device
 
     def rows(width):
         return torch.randn(1, width, dtype=engine.dtype, device=device)
 
     x, attn, mlp = rows(layer0.qkv_t.shape[0]), rows(layer0.dense_t.shape[0]), rows(layer0.proj_t.shape[0])
-    if engine.fused_decode is not None:
-        linear, residual = engine.fused_decode.fused_linear, torch.zeros(1, x.shape[1], device=device)
+    if runner.decode_backend == "triton":
+        from .engine.decode.triton_linear import fused_linear as linear  # triton is optional
+
+        residual = torch.zeros(1, x.shape[1], device=device)
 
         def step():
             for layer in engine.layers:
@@ -374,9 +377,9 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     requests = make_requests(max(batches), model.config.vocab_size, args.seed)
     input_vit = picture_features(model, max(batches), real=checkpoint is not None)  # [B, 256, H]
     longest = max(len(ids) for ids in requests)
-    max_input_len = -(-longest // KV_ROUND) * KV_ROUND
+    max_input_len = -(-longest // KV_BUCKET) * KV_BUCKET
     build_config = BuildConfig(max_batch_size=max(batches), max_input_len=max_input_len,
-                               max_seq_len=-(-(longest + args.new_tokens) // KV_ROUND) * KV_ROUND,
+                               max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
                                max_prompt_embedding_table_size=IMG_TOKEN_SPAN * max(batches), dtype=args.dtype)
     steps = args.new_tokens - 1  # decode steps in a timed run: the probe times as many products in a row
     probes = [bandwidth_probe(model.lm_head.weight, args.repeats, steps)]  # probed again later: the best one counts
@@ -388,9 +391,7 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
             for b in batches:
                 results.append({"method": "eager", **measure(lambda *a: eager_generate(model, *a), requests[:b], tables[b],
                                                              args.new_tokens, args.repeats, device, baseline)})
-    runner_options = dict(device=device, cuda_graphs=False if args.no_cuda_graphs else None,
-                          compile_decode=False if args.no_compile else None, fused_decode=False if args.no_fused else None,
-                          numba_decode=False if args.no_numba else None)
+    runner_options = dict(device=device, decode_backend=args.decode_backend)
     if checkpoint is not None:
         engine_dir = build_engine(checkpoint, workdir / "engine", build_config)
         del model
@@ -409,7 +410,7 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         if eager is not None:
             result["same_tokens_as_eager"] = int((result["tokens"] == eager["tokens"]).all(dim=1).sum())
         results.append({"method": "engine", **result})
-    products = products_alone(runner.engine, args.repeats, steps)
+    products = products_alone(runner, args.repeats, steps)
     probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), args.repeats, steps))
     probe = max(probes, key=lambda p: p["gb_per_s"])
     weight_bytes = runner.engine.weight_bytes_per_token  # the same tensors eager reads, in the same dtype
@@ -433,8 +434,8 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         "products_alone": {"ms": products * 1e3, "pct_of_limit": 100 / (products * limit)},
         "settings": {"device": str(device), "prompt_lengths": [len(ids) for ids in requests], "pictures_per_request": 1,
                      "new_tokens": args.new_tokens, "repeats": args.repeats, "build_config": asdict(build_config),
-                     "cuda_graphs": runner.cuda_graphs, "compile_decode": runner.compile_decode,
-                     "fused_decode": runner.fused_decode, "numba_decode": runner.numba_decode, "vision_timed": False},
+                     "decode_backend": runner.decode_backend, "cuda_graphs": device.type == "cuda",
+                     "vision_timed": False},
         "results": results,
     }
 
@@ -451,10 +452,8 @@ def format_table(report: dict) -> str:
         f"({report['model']['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step)",
         f"one decode step's matrix products alone (batch 1, nothing between them): "
         f"{report['products_alone']['ms']:.2f} ms = {report['products_alone']['pct_of_limit']:.1f} % of the limit",
-        f"engine: CUDA graphs {'on' if report['settings']['cuda_graphs'] else 'off'}, compiled decode "
-        f"{'on' if report['settings']['compile_decode'] else 'off'}, Triton decode kernels "
-        f"{'on' if report['settings'].get('fused_decode') else 'off'}, numba decode kernel "
-        f"{'on' if report['settings'].get('numba_decode') else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
+        f"engine: decode back end {report['settings']['decode_backend']!r}, CUDA graphs "
+        f"{'on' if report['settings']['cuda_graphs'] else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
         f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
         f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
         f"{'x batch 1':>9} {'same tokens':>11}",

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .files import CheckpointError
 from .modeling import QWenLMHeadModel, QWenVLConfig
 from .prompt_table import to_torch_dtype
 from .vision import VisionTransformer
@@ -20,10 +21,6 @@ TINY_CONFIG = dict(
     visual=dict(heads=2, image_size=56, image_start_id=151857, layers=2, mlp_ratio=2.0, output_dim=128,
                 patch_size=14, width=64),
 )
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that does not match the Qwen-VL-Chat layout."""
 
 
 def weight_files(checkpoint_dir: Path) -> list[Path]:

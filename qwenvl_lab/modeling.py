@@ -48,8 +48,14 @@ class QWenVLConfig(PreTrainedConfig):
             raise ValueError(f"visual output_dim {self.visual['output_dim']} must equal hidden_size {hidden_size}")
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) over the last dim, computed in float32, rounded to x's dtype, times weight."""
+    norm = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return norm.type_as(x) * weight
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32."""
+    """Root-mean-square norm (`rms_norm`) with a learned weight."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -57,8 +63,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return norm.type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, dim: int, base: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:

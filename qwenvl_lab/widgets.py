@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from .chat import ModelAsRunner, ask_batch, make_prompt
 from .img_pos import as_batch
 from .prompt_table import single_table_batch
 from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
-from .toy.evaluate import answer_with_features, chat_batch
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
 KIND_COLORS = {
@@ -325,12 +325,13 @@ def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: i
     """Ids, prompt table and greedy answer for one picture (path or PIL image) and one question."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError("type a question, e.g. 图片里是什么？")
-    ids, mask = chat_batch(tokenizer, [[picture]], [question])  # [1, L]: one question, no padding
+    _, ids = make_prompt(tokenizer, question, [picture])  # [L]
     with torch.inference_mode():
         input_vit = model.transformer.visual.encode([picture]).to(model.dtype)  # [1, 256, H]
-    fake_ids, prompt_table, _, _ = single_table_batch(ids, input_vit, model.config.vocab_size)
-    answer = answer_with_features(model, tokenizer, ids, mask, input_vit, max_new_tokens)[0]
-    return PanelResult(ids[0].tolist(), fake_ids[0].tolist(), prompt_table, answer)
+    fake_ids, prompt_table, _, _ = single_table_batch(torch.tensor([ids]), input_vit, model.config.vocab_size)
+    [answer] = ask_batch(ModelAsRunner(model), None, tokenizer, [([picture], question)], input_vit=input_vit,
+                         max_new_tokens=max_new_tokens)
+    return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
 
 
 def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什么？"):

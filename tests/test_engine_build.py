@@ -1,13 +1,16 @@
 """Building the engine: the limits are checked, and the directory holds the LM in TensorRT-LLM's layout and dtype."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from qwenvl_lab.checkpoint import CheckpointError, read_state_dict
-from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_config, load_vision_tower
+from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_config, load_engine_vision_tower
+from qwenvl_lab.engine import build as build_module
 from qwenvl_lab.engine.build import ENGINE_VERSION
 from qwenvl_lab.layout import to_trtllm_names
 
@@ -58,13 +61,13 @@ def test_engine_weights_are_in_the_engine_dtype(tiny_checkpoint, tmp_path):
     runner = ModelRunner.from_dir(engine_dir)
     assert runner.dtype == torch.float16 and runner.engine.kv_cache.dtype == torch.float16
     assert runner.engine.kv_cache.shape == (2, 2, 8, 2, 64, 64)  # [layers, K/V, max_batch, heads, max_seq_len, hd]
-    assert load_vision_tower(engine_dir).conv1.weight.dtype == torch.float16
+    assert load_engine_vision_tower(engine_dir).conv1.weight.dtype == torch.float16
 
 
 def test_vision_part_encodes_like_the_model(tiny_engine, tiny_model, image_files):
     pictures = [image_files["red"], image_files["noise"]]
     with torch.inference_mode():
-        assert torch.equal(load_vision_tower(tiny_engine).encode(pictures), tiny_model.transformer.visual.encode(pictures))
+        assert torch.equal(load_engine_vision_tower(tiny_engine).encode(pictures), tiny_model.transformer.visual.encode(pictures))
 
 
 def test_limits_that_do_not_fit_the_model(tiny_checkpoint, tmp_path):
@@ -78,11 +81,103 @@ def test_limits_that_do_not_fit_the_model(tiny_checkpoint, tmp_path):
 
 def test_loading_checks_the_directory(tiny_engine, tmp_path):
     with pytest.raises(FileNotFoundError, match="build the engine first"):
-        ModelRunner.from_dir(tmp_path)
+        ModelRunner.from_dir(tmp_path / "none")
     config = json.loads((tiny_engine / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "version": "qwenvl-lab-engine/0"}))
-    with pytest.raises(CheckpointError, match="engine version 'qwenvl-lab-engine/0'"):
+    with pytest.raises(CheckpointError, match="engine version 'qwenvl-lab-engine/0'.*rebuild it"):
         load_engine_config(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(FileNotFoundError, match="rank0.safetensors is missing"):
+    with pytest.raises(CheckpointError, match="has no manifest.json: the build did not finish"):
         load_engine_config(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json is not valid JSON .*rebuild it"):
+        load_engine_config(tmp_path)
+
+
+SMALL = BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=256)
+
+
+def copy_of(engine_dir, tmp_path):
+    """A copy of an engine directory to damage."""
+    return Path(shutil.copytree(engine_dir, tmp_path / "copy"))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda e: (e / "manifest.json").unlink(), "no manifest.json"),
+    (lambda e: (e / "llm" / "rank0.safetensors").unlink(), "rank0.safetensors is missing"),
+    (lambda e: (e / "vision" / "model.safetensors").write_bytes(
+        (e / "vision" / "model.safetensors").read_bytes()[:-100]), "model.safetensors has .* bytes, the build wrote"),
+    (lambda e: (e / "llm" / "config.json").write_text((e / "llm" / "config.json").read_text().replace(
+        '"hidden_size": 128', '"hidden_size": 256')), "llm/config.json was changed after the build"),
+    (lambda e: (e / "config.json").write_text(json.dumps({**json.loads((e / "config.json").read_text()),
+                                                          "build_config": {"max_batch_size": 2}})),
+     "build_config differs from the one the engine was built with"),
+    (lambda e: (e / "manifest.json").write_text("[]"), "must hold a JSON object"),
+])
+def test_an_incomplete_or_changed_engine_is_refused(tiny_engine, tmp_path, damage, match):
+    engine = copy_of(tiny_engine, tmp_path)
+    ModelRunner.from_dir(engine)  # intact: loads
+    damage(engine)
+    with pytest.raises(CheckpointError, match=match):
+        ModelRunner.from_dir(engine)
+
+
+def test_the_checkpoint_is_never_the_engine_directory(tiny_checkpoint, tmp_path):
+    before = {p.name: p.read_bytes() for p in tiny_checkpoint.iterdir() if p.is_file()}
+    for target in (tiny_checkpoint, tiny_checkpoint / "engine", tiny_checkpoint.parent):
+        with pytest.raises(ValueError, match="would overwrite the checkpoint"):
+            build_engine(tiny_checkpoint, target, SMALL, overwrite=True)
+    assert {p.name: p.read_bytes() for p in tiny_checkpoint.iterdir() if p.is_file()} == before
+
+
+def test_a_directory_of_other_files_is_refused(tiny_checkpoint, tmp_path):
+    target = tmp_path / "notes"
+    target.mkdir()
+    (target / "config.json").write_text('{"mine": true}')
+    (target / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="notes holds a config.json that is not an engine of this package"):
+        build_engine(tiny_checkpoint, target, SMALL, overwrite=True)
+    (target / "config.json").unlink()
+    with pytest.raises(FileExistsError, match=r"not empty and holds no engine of this package \(todo.txt\)"):
+        build_engine(tiny_checkpoint, target, SMALL, overwrite=True)
+    assert (target / "todo.txt").read_text() == "keep me"
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        build_engine(tiny_checkpoint, target / "todo.txt", SMALL)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (build_engine(tiny_checkpoint, empty, SMALL) / "manifest.json").is_file()
+
+
+def test_rebuilding_needs_overwrite_and_replaces_the_engine_whole(tiny_checkpoint, tmp_path):
+    engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    with pytest.raises(FileExistsError, match="already holds an engine: pass overwrite=True"):
+        build_engine(tiny_checkpoint, engine, SMALL)
+    (engine / "stray.txt").write_text("from the old engine")
+    bigger = BuildConfig(max_batch_size=2, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=512)
+    build_engine(tiny_checkpoint, engine, bigger, overwrite=True)
+    assert load_engine_config(engine)[0] == bigger and not (engine / "stray.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no temporary directories left
+
+
+def test_a_failed_build_leaves_the_previous_engine_as_it_was(tiny_checkpoint, tmp_path, monkeypatch):
+    engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    before = {p.relative_to(engine): p.read_bytes() for p in engine.rglob("*") if p.is_file()}
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the vision tower failed half-way")
+
+    monkeypatch.setattr(build_module, "load_visual_tower", fail)  # after llm/ was written
+    with pytest.raises(RuntimeError, match="half-way"):
+        build_engine(tiny_checkpoint, engine, BuildConfig(max_batch_size=2, max_input_len=300, max_seq_len=320,
+                                                          max_prompt_embedding_table_size=512), overwrite=True)
+    assert {p.relative_to(engine): p.read_bytes() for p in engine.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # the half-written copy is gone
+    assert load_engine_config(engine)[0] == SMALL
+
+
+def test_a_killed_builds_leftovers_are_removed_by_the_next_build(tiny_checkpoint, tmp_path):
+    leftover = tmp_path / ".engine.k3j9.tmp"  # what a build killed before its rename leaves beside the engine
+    (leftover / "llm").mkdir(parents=True)
+    (leftover / "llm" / "rank0.safetensors").write_bytes(b"half")
+    build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]

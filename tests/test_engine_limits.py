@@ -69,14 +69,14 @@ def test_table_dtype_and_hidden_size_must_match(runner):
 
 def test_engine_without_table_size_refuses_pictures(text_only):
     """The article-2 mistake is an error here, not a silently ignored picture."""
-    with pytest.raises(ValueError, match="max_prompt_embedding_table_size=0, so it takes no prompt table"):
+    with pytest.raises(ValueError, match="max_prompt_embedding_table_size=0, so it has no prompt-table input.*#1300"):
         text_only.generate([image_request()], prompt_table=torch.zeros(256, H), max_new_tokens=2)
     out = text_only.generate([torch.tensor([1, 2, 3])], max_new_tokens=2, end_id=-1, pad_id=0)
     assert out.shape == (1, 1, 5)
 
 
 def test_fake_ids_and_path_spans_need_a_table(runner):
-    with pytest.raises(ValueError, match="request 0 holds fake prompt ids .* but no prompt_table"):
+    with pytest.raises(ValueError, match="request 0 holds id 151936 at position 4, past the vocabulary .* needs a prompt_table"):
         runner.generate([image_request()], max_new_tokens=2)
     path_span = torch.tensor([1, IMAGE_START_ID, *b"a.png", *[IMAGE_PAD_ID] * 251, IMAGE_END_ID])
     with pytest.raises(ValueError, match="image span with the picture's path, which only the original model reads"):
@@ -84,7 +84,7 @@ def test_fake_ids_and_path_spans_need_a_table(runner):
 
 
 def test_fake_ids_outside_their_table(runner):
-    with pytest.raises(ValueError, match="reads row 256 of a prompt table with 256 rows"):
+    with pytest.raises(ValueError, match=r"id 152192 at position 259 reads prompt-table row 256, but the table has 256 rows"):
         runner.generate([image_request(V + 1)], prompt_table=torch.zeros(256, H), max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt_tasks \\[0, 2\\] must each name one of the 2 tables"):
         runner.generate([image_request()] * 2, prompt_table=torch.zeros(2, 256, H), prompt_tasks="0,2", max_new_tokens=2)
@@ -116,3 +116,22 @@ def test_beam_search_does_not_sample(tiny_engine):
 def test_cuda_without_a_gpu(tiny_engine):
     with pytest.raises(RuntimeError, match="device='cuda' was asked for but torch sees no CUDA GPU"):
         ModelRunner.from_dir(tiny_engine, device="cuda")
+
+
+def test_ids_past_int32_are_refused_not_wrapped(runner):
+    """2**40 used to run as id 0, and 2**32 + V + 3 read prompt-table row 3: every id is checked before any cast."""
+    with pytest.raises(ValueError, match="request 0 holds id 1099511627776 at position 1, past the vocabulary"):
+        runner.generate([torch.tensor([1, 2**40])], max_new_tokens=2)
+    wrapped = image_request()
+    wrapped[10] = 2**32 + V + 3
+    with pytest.raises(ValueError, match=f"id {2**32 + V + 3} at position 10 reads prompt-table row {2**32 + 3}"):
+        runner.generate([wrapped], prompt_table=torch.zeros(256, H), max_new_tokens=2)
+    with pytest.raises(ValueError, match="not a 1-D sequence of token ids that fit in int64"):
+        runner.generate([[1, 2**70]], max_new_tokens=2)
+
+
+def test_non_finite_tables_are_refused(runner):
+    table = torch.zeros(256, H)
+    table[7, 3] = float("nan")
+    with pytest.raises(ValueError, match="prompt-table row 7 holds NaN or infinity"):
+        runner.generate([image_request()], prompt_table=table, max_new_tokens=2)

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from qwenvl_lab.checkpoint import load_checkpoint
-from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_vision_tower
+from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
+from qwenvl_lab.engine.cuda_graphs import DecodeGraphs
+from qwenvl_lab.engine.decode import BACKENDS, choose_backend
 from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.prompt_table import single_table_batch
@@ -28,7 +30,24 @@ def case(request, tiny_model, tiny_engine, tmp_path_factory):
         model = load_checkpoint(TOY_DIR, dtype="float32").requires_grad_(False)  # stored in bfloat16
         engine_dir = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), BuildConfig(
             max_batch_size=8, max_input_len=768, max_seq_len=800, max_prompt_embedding_table_size=4096, max_beam_width=3))
-    return model, ModelRunner.from_dir(engine_dir), load_vision_tower(engine_dir)
+    return model, engine_dir, load_engine_vision_tower(engine_dir)
+
+
+def backends_here(rows: int) -> list[str]:
+    """The decode back ends this machine runs for an engine of `rows` cache rows ("compiled" has a test of its own)."""
+    here = []
+    for name in BACKENDS:
+        try:
+            here.append(choose_backend(name, "cpu", torch.float32, rows))
+        except ValueError:
+            pass
+    return [name for name in here if name != "compiled"]
+
+
+@pytest.fixture(scope="module", params=backends_here(8 * 3))
+def runner(request, case):
+    """The case's engine with each decode back end this machine runs."""
+    return ModelRunner.from_dir(case[1], decode_backend=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -70,23 +89,19 @@ def engine_rows(output, requests_ids):
             for i, r in enumerate(requests_ids)]
 
 
-def test_greedy_batch_of_one_equals_eager(case, requests):
-    """With numba's one-row kernel (the CPU default) and with the PyTorch ops it replaces."""
-    model, runner, _ = case
-    assert runner.numba_decode
-    torch_ops = ModelRunner.from_dir(runner.engine_dir, numba_decode=False)
+def test_greedy_batch_of_one_equals_eager(case, runner, requests):
+    model = case[0]
     for ids, input_vit in (requests[0], requests[2]):  # text only; two pictures
         fake_ids, table = own_table(ids, input_vit, runner.vocab_size)
         expected = eager(model, fake_ids, table)[0].tolist()
-        for engine in (runner, torch_ops):
-            out = engine.generate([fake_ids], prompt_table=table, max_new_tokens=NEW_TOKENS, end_id=-1,
-                                  pad_id=ENDOFTEXT_ID, return_dict=True)
-            assert engine_rows(out, [fake_ids])[0][0] == expected
+        out = runner.generate([fake_ids], prompt_table=table, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=ENDOFTEXT_ID,
+                              return_dict=True)
+        assert engine_rows(out, [fake_ids])[0][0] == expected
 
 
-def test_mixed_batch_of_eight_equals_eager_per_prompt(case, requests):
+def test_mixed_batch_of_eight_equals_eager_per_prompt(case, runner, requests):
     """Per-request tables (tasks = slot) and one python-session table give eager's tokens, stopping on end_id."""
-    model, runner, _ = case
+    model = case[0]
     V = runner.vocab_size
     own = [own_table(ids, vit, V) for ids, vit in requests]
     free = [eager(model, ids, table)[0].tolist() for ids, table in own]
@@ -117,9 +132,9 @@ def test_mixed_batch_of_eight_equals_eager_per_prompt(case, requests):
 
 
 @pytest.mark.parametrize("options", [{}, {"length_penalty": 0.5, "early_stopping": True}])
-def test_beam_search_equals_eager_beam_search(case, requests, options):
+def test_beam_search_equals_eager_beam_search(case, runner, requests, options):
     """All 3 beams, best first, for two requests at once; end_id taken from eager's own beams so beams finish early."""
-    model, runner, _ = case
+    model = case[0]
     own = [own_table(ids, vit, runner.vocab_size) for ids, vit in (requests[3], requests[1])]
     free = eager(model, *own[0], num_beams=3, num_return_sequences=3)
     end_id = int(free[1, 1])  # a token that the second beam emits second
@@ -140,7 +155,8 @@ def _strip(tokens, end_id):
 
 def test_cuda_graph_protocol_on_cpu_gives_the_same_tokens(tiny_engine, requests):
     """Static buffers, KV buckets (stale cache entries masked) and beam reordering: same as the plain decode step."""
-    plain, graphed = ModelRunner.from_dir(tiny_engine), ModelRunner.from_dir(tiny_engine, cuda_graphs=True)
+    plain, graphed = (ModelRunner.from_dir(tiny_engine, decode_backend="torch") for _ in range(2))
+    graphed.decoder = DecodeGraphs(graphed.decode_step, 24, graphed.max_seq_len, "cpu")  # CUDA's protocol, no capture
     batch = [requests[i][0] for i in (0, 3, 7)]  # text only
     for kwargs in ({}, {"num_beams": 3}, {}):  # the last run reads a cache full of the beams' entries
         a = plain.generate(batch, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0, **kwargs)
@@ -150,50 +166,17 @@ def test_cuda_graph_protocol_on_cpu_gives_the_same_tokens(tiny_engine, requests)
     assert {rows for rows, _ in shapes} == {3, 9} and all(bucket % 64 == 0 for _, bucket in shapes)
 
 
-def test_one_row_on_a_cpu_gives_the_batched_tokens(tiny_engine, requests):
-    """One request takes the CPU decode step's one-row path (Python ints, views, no mask); through the CUDA-graph
-    buckets its KV length runs past its position, over another prompt's stale entries, which the mask must hide."""
-    plain, graphed = ModelRunner.from_dir(tiny_engine, numba_decode=False), ModelRunner.from_dir(
-        tiny_engine, cuda_graphs=True, numba_decode=False)  # the PyTorch one-row path (numba's: test_engine_numba)
-    prompt, other = requests[3][0], requests[7][0]  # text only
-    alone = plain.generate([prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[0, 0]
-    batched = plain.generate([other, prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[1, 0]  # n = 2
-    assert torch.equal(alone, batched[: len(alone)])
-    graphed.generate([other], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)  # leaves entries past prompt's end
-    assert torch.equal(graphed.generate([prompt], max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0)[0, 0], alone)
-    assert all(bucket > len(prompt) + NEW_TOKENS for _, bucket in graphed.decoder.graphs)  # the masked case ran
-
-
 @pytest.mark.slow
 def test_compiled_decode_layers_give_the_same_tokens(tiny_engine):
-    """torch.compile of the decode layers (what CUDA uses by default) traces in one graph and keeps the tokens (CPU)."""
+    """torch.compile of the decode layers traces in one graph and keeps the tokens (CPU)."""
     prompts = [torch.tensor([151644, 8948, 198]), torch.arange(100, 117)]
-    plain = ModelRunner.from_dir(tiny_engine).generate(prompts, max_new_tokens=4, end_id=-1, pad_id=0)
-    compiled = ModelRunner.from_dir(tiny_engine, cuda_graphs=True, compile_decode=True)
+    plain = ModelRunner.from_dir(tiny_engine, decode_backend="torch").generate(prompts, max_new_tokens=4, end_id=-1,
+                                                                              pad_id=0)
+    compiled = ModelRunner.from_dir(tiny_engine, decode_backend="compiled")
     assert torch.equal(compiled.generate(prompts, max_new_tokens=4, end_id=-1, pad_id=0), plain)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_engine_norm_and_rope_equal_the_models(dtype):
-    """The engine's fused RMS norm gives the eager model's numbers bit for bit, the CPU one-row step's norm (a dot
-    product and a Python float) the same up to the last bit; its three-op RoPE (one fused multiply-add) too."""
-    from qwenvl_lab.engine.forward import rms_norm, rms_norm_row, rope_
-    from qwenvl_lab.modeling import RMSNorm, apply_rope, rope_cos_sin
-
-    torch.manual_seed(0)
-    norm = RMSNorm(128, 1e-6).to(dtype)
-    norm.weight.data.normal_()
-    x = (torch.randn(5, 128) * 3).to(dtype)
-    eps = torch.finfo(dtype).eps  # below: differences of the order of one unit in the last place
-    with torch.no_grad():
-        assert torch.equal(rms_norm(x, norm.weight, 1e-6), norm(x))
-        rows = torch.cat([rms_norm_row(row[None], norm.weight, 1e-6) for row in x])
-        torch.testing.assert_close(rows, norm(x), atol=4 * eps, rtol=2 * eps)
-        assert not torch.equal(rms_norm_row(x[:1], norm.weight, 1.0), norm(x[:1]))  # eps is used
-    qk = torch.randn(5, 2, 2, 64).to(dtype)  # [T, q|k, heads, hd]
-    cos, sin = (t[0, 0][:, None, None] for t in rope_cos_sin(torch.arange(5)[None] + 40, 64, 10000.0, dtype))  # [T, 1, 1, hd]
-    sin_signed = torch.cat([-sin[..., :32], sin[..., 32:]], dim=-1)
-    expected = apply_rope(qk, cos, sin)
-    rope_(qk, cos, sin_signed)
-    torch.testing.assert_close(qk, expected, atol=4 * eps, rtol=2 * eps)  # one rounding instead of two
-    assert not torch.equal(qk.flip(-1), expected)  # the halves really are rotated
+def test_auto_picks_numba_for_float32_on_this_cpu(tiny_engine):
+    assert ModelRunner.from_dir(tiny_engine).decode_backend == "numba"
+    with pytest.raises(ValueError, match=r'decode_backend must be "auto" or one of .*got .fast.'):
+        ModelRunner.from_dir(tiny_engine, decode_backend="fast")

@@ -1,11 +1,14 @@
 """Sampling and the runner's outputs: the filters match transformers', seeds reproduce, streaming shows each step."""
 
+import gc
+
 import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from qwenvl_lab.engine import ModelRunner
-from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, is_greedy, sample_tokens
+from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, sample_tokens
+from qwenvl_lab.requests import check_sampling
 
 PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30])]
 
@@ -29,8 +32,8 @@ def test_filter_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p):
 
 
 def test_greedy_knobs():
-    assert is_greedy(1.0, 1, 0.0) and is_greedy(0.5, 0, 0.0)  # TensorRT-LLM: top_k 1, or top_k 0 with top_p 0
-    assert not is_greedy(1.0, 0, 0.3) and not is_greedy(1.0, 2, 0.0)
+    assert check_sampling(1.0, 1, 0.0) and check_sampling(0.5, 0, 0.0)  # TensorRT-LLM: top_k 1, or top_k 0, top_p 0
+    assert not check_sampling(1.0, 0, 0.3) and not check_sampling(1.0, 2, 0.0)
     logits = torch.randn(3, 50)
     assert torch.equal(sample_tokens(logits, 1.0, 1, 0.0), logits.argmax(-1))
 
@@ -94,3 +97,37 @@ def test_one_generation_at_a_time(runner):
         runner.generate(PROMPTS, max_new_tokens=3)
     stream.close()
     assert runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0).shape == (2, 1, 11)
+
+
+def test_a_closed_stream_frees_the_runner_without_the_garbage_collector(runner):
+    """close(), a `with` block and a `for` loop broken out of each free the KV cache at once (no gc needed)."""
+    gc.disable()
+    try:
+        stream = runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, streaming=True)
+        next(stream)
+        stream.close()
+        assert runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0).shape == (2, 1, 11)
+        with pytest.raises(StopIteration):
+            next(stream)  # a closed stream stays closed
+        with runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, streaming=True) as stream:
+            next(stream)
+        assert not runner.busy
+        for step in runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, streaming=True):
+            break
+        assert not runner.busy and step.shape == (2, 1, 11)
+    finally:
+        gc.enable()
+
+
+def test_a_stream_abandoned_inside_a_function_frees_the_runner(runner):
+    def first_step():
+        stream = runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0, streaming=True)
+        return next(stream)  # the stream is dropped when the function returns
+
+    gc.disable()
+    try:
+        assert first_step().shape == (2, 1, 11)
+        assert not runner.busy
+        assert runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0).shape == (2, 1, 11)
+    finally:
+        gc.enable()

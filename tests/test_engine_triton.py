@@ -2,7 +2,6 @@
 refuses what it cannot do, and the decode step built from them gives the plain engine's tokens."""
 
 import importlib.util
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,10 +11,10 @@ pytest.importorskip("triton", reason="the fused decode kernels need triton (pip 
 
 from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
-from qwenvl_lab.engine.forward import rope_  # noqa: E402
-from qwenvl_lab.engine.triton_attention import CHUNK, decode_attention  # noqa: E402
-from qwenvl_lab.engine.triton_linear import MAX_ROWS, fused_linear, rms_norm  # noqa: E402
-from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig, RMSNorm  # noqa: E402
+from qwenvl_lab.engine.decode import triton_linear  # noqa: E402
+from qwenvl_lab.engine.decode.triton_attention import CHUNK, decode_attention  # noqa: E402
+from qwenvl_lab.engine.decode.triton_linear import MAX_ROWS, fused_linear, rms_norm  # noqa: E402
+from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig, RMSNorm, apply_rope  # noqa: E402
 
 K, N = 96, 40  # not multiples of the tiles: the masks are exercised
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # without a GPU: Triton's interpreter (tests/conftest.py)
@@ -68,9 +67,10 @@ def test_rms_norm_equals_the_models(dtype):
 
 
 def rope_tables(seq, hd):
-    """cos and sin_signed [seq, hd] of the NeoX form, as LanguageModelEngine holds them."""
+    """cos, sin (the model's NeoX tables) and sin_signed (the kernel's) [seq, hd]."""
     angles = torch.arange(seq)[:, None] * torch.rand(hd // 2)
-    return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([-angles.sin(), angles.sin()], dim=-1)
+    return (torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1),
+            torch.cat([-angles.sin(), angles.sin()], dim=-1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -80,12 +80,13 @@ def test_decode_attention_equals_rope_cache_write_and_sdpa(dtype):
     torch.manual_seed(0)
     heads, hd, rows, seq = 2, 16, 5, 2 * CHUNK + 20
     cache = torch.randn(2, rows, heads, seq, hd).to(dtype)
-    cos, sin_signed = (t.to(dtype) for t in rope_tables(seq, hd))
+    cos, sin, sin_signed = (t.to(dtype) for t in rope_tables(seq, hd))
     pos = torch.tensor([3, 2 * CHUNK + 9, CHUNK, 0])  # rows 0..3; kv_len = max + 1
     qkv = torch.randn(4, 3 * heads * hd).to(dtype)
     kv_len, tickets = int(pos.max()) + 1, torch.zeros(4 * heads, dtype=torch.int32)
     expected_cache, ref = cache.clone(), qkv.view(4, 3, heads, hd).clone()
-    rope_(ref[:, :2], cos[pos][:, None, None], sin_signed[pos][:, None, None])
+    for j in (0, 1):  # q and k: the model's RoPE
+        ref[:, j] = apply_rope(ref[:, j], cos[pos][:, None], sin[pos][:, None])
     expected_cache[:, torch.arange(4), :, pos] = ref[:, 1:]
     got = decode_attention(qkv, cos, sin_signed, pos, cache, kv_len, tickets)
     torch.testing.assert_close(cache, expected_cache, **close(dtype))
@@ -111,7 +112,7 @@ def test_kernels_refuse_what_they_cannot_do():
         fused_linear(x, w, out=torch.zeros(2, N, dtype=torch.float16))
     with pytest.raises(ValueError, match="weight \\[H\\]"):
         rms_norm(x, torch.ones(K + 1), 1e-6)
-    cache, tables = torch.zeros(2, 1, 2, 12, 16), (torch.zeros(12, 16), torch.zeros(12, 16))
+    cache, tables = torch.zeros(2, 1, 2, 12, 16), (torch.zeros(12, 16), torch.zeros(12, 16))  # cos, sin_signed
     pos, tickets = torch.tensor([0]), torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="do not fit the cache"):
         decode_attention(torch.zeros(1, 10), *tables, pos, cache, 4, tickets)
@@ -126,18 +127,18 @@ def test_kernels_refuse_what_they_cannot_do():
                          4, tickets)
     with pytest.raises(ValueError, match="at most 16 rows a step, and this engine holds 18"):
         ModelRunner.from_model(small_model(), BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16,
-                                                          max_beam_width=3), fused_decode=True)
+                                                          max_beam_width=3), decode_backend="triton")
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="what a CPU without Triton's interpreter is told")
 def test_fused_engine_on_a_cpu_without_the_interpreter_is_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
-    with pytest.raises(ValueError, match="run on an NVIDIA GPU, not on cpu.*fused_decode=False"):
-        ModelRunner.from_model(small_model(), config, fused_decode=True)
+    with pytest.raises(ValueError, match='run on an NVIDIA GPU, not on cpu.*decode_backend="auto"'):
+        ModelRunner.from_model(small_model(), config, decode_backend="triton")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(ValueError, match="fused_decode=True needs triton"):
-        ModelRunner.from_model(small_model(), config, fused_decode=True)
+    with pytest.raises(ValueError, match='decode_backend="triton" needs triton'):
+        ModelRunner.from_model(small_model(), config, decode_backend="triton")
 
 
 def small_model():
@@ -151,34 +152,33 @@ def test_fused_decode_gives_the_plain_engines_tokens():
     """Greedy and beams, a batch of 3 prompts of different lengths; logits of one step close."""
     model = small_model()
     config = BuildConfig(max_batch_size=3, max_input_len=32, max_seq_len=48, max_beam_width=2)
-    # not compiled: torch.compile cannot trace through this test's torch.device context (`on_device`)
-    plain = ModelRunner.from_model(model, config, fused_decode=False, compile_decode=False)
-    fused = ModelRunner.from_model(model, config, fused_decode=True)
-    assert fused.fused_decode and not plain.fused_decode and "fused_decode=True" in repr(fused)
+    plain = ModelRunner.from_model(model, config, decode_backend="torch")
+    fused = ModelRunner.from_model(model, config, decode_backend="triton")
+    assert "decode_backend='triton'" in repr(fused)
     prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.arange(10, 30), torch.tensor([7, 8])]
     for kwargs in ({}, {"num_beams": 2}):
         expected = plain.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs)
         assert torch.equal(fused.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs), expected)
     with torch.inference_mode():
         ids, pos = torch.tensor([5, 6]), torch.tensor([5, 20])
-        torch.testing.assert_close(fused.engine.decode_step(ids, pos, 21), plain.engine.decode_step(ids, pos, 21),
+        torch.testing.assert_close(fused.decode_step(ids, pos, 21), plain.decode_step(ids, pos, 21),
                                    atol=1e-5, rtol=1e-5)
 
 
-def test_bench_times_the_fused_products_alone():
+def test_bench_times_the_fused_products_alone(monkeypatch):
     """The benchmark's design ceiling runs the engine's own kernels when they are on (on a GPU in one CUDA graph)."""
     from qwenvl_lab import bench
 
     config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
-    fused = ModelRunner.from_model(small_model(), config, fused_decode=True)
-    calls, kernel = [], fused.engine.fused_decode.fused_linear
+    fused = ModelRunner.from_model(small_model(), config, decode_backend="triton")
+    calls, kernel = [], triton_linear.fused_linear
 
     def counted(*args, **kwargs):
         calls.append(kwargs)
         return kernel(*args, **kwargs)
 
-    fused.engine.fused_decode = SimpleNamespace(fused_linear=counted)
-    assert bench.products_alone(fused.engine, runs=1, length=2) > 0
+    monkeypatch.setattr(triton_linear, "fused_linear", counted)
+    assert bench.products_alone(fused, runs=1, length=2) > 0
     layers = len(fused.engine.layers)
     runs, rest = divmod(len(calls), 4 * layers + 1)  # four products a layer, then lm_head
     assert rest == 0 and runs >= 2  # warm-ups and timed runs (on CUDA: a warm-up and the capture, then replays)

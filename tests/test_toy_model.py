@@ -5,11 +5,12 @@ import json
 import pytest
 import torch
 
+from qwenvl_lab.chat import ModelAsRunner, ask_batch, make_prompt
 from qwenvl_lab.checkpoint import load_checkpoint, read_state_dict
 from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 from qwenvl_lab.prompt_table import single_table_batch
 from qwenvl_lab.toy import DATA_DIR, TOY_DIR, load_toy_model
-from qwenvl_lab.toy.evaluate import answer_with_features, ask, chat_batch, evaluate
+from qwenvl_lab.toy.evaluate import ask, evaluate
 from qwenvl_lab.toy.make_samples import SAMPLES
 from qwenvl_lab.toy.shapes import LANGS, count, describe, make_dataset, question
 
@@ -49,25 +50,37 @@ def test_single_shape_samples_are_described_and_counted(toy_model, tokenizer, la
     assert counted == [count(SAMPLES[n], lang) for n in names]
 
 
+def with_features(model, tokenizer, examples, input_vit):
+    """Greedy answers to the examples' questions when their pictures' features are `input_vit` [N, 256, H]."""
+    questions = [(e.pictures(), e.question) for e in examples]
+    return ask_batch(ModelAsRunner(model), None, tokenizer, questions, input_vit=input_vit, max_new_tokens=24)
+
+
 def test_swapping_two_pictures_tables_swaps_the_answers(toy_model, tokenizer):
     names = ["red_circle.png", "blue_square.png"]
-    ids, mask = chat_batch(tokenizer, [[n] for n in names], [question("what", "en")] * 2)  # the ids stay the same
+    questions = [([IMAGES / n], question("what", "en")) for n in names]  # the ids stay the same
     input_vit = toy_model.transformer.visual.encode([IMAGES / n for n in names])  # [2, 256, H]
-    straight = answer_with_features(toy_model, tokenizer, ids, mask, input_vit)
-    swapped = answer_with_features(toy_model, tokenizer, ids, mask, input_vit.flip(0))
+    straight = ask_batch(ModelAsRunner(toy_model), None, tokenizer, questions, input_vit=input_vit)
+    swapped = ask_batch(ModelAsRunner(toy_model), None, tokenizer, questions, input_vit=input_vit.flip(0))
     assert straight == ["A red circle.", "A blue square."]
     assert swapped == straight[::-1]
 
 
-def test_zeroed_table_gives_the_same_answer_for_every_picture(toy_model, tokenizer):
+def test_each_picture_gets_its_own_table_and_answer(toy_model, tokenizer):
+    """The same question about every sample picture: the tables differ, and so do the answers, each right; with the
+    tables zeroed every prompt is the same input, and the answers collapse to one."""
     names = sorted(SAMPLES)
-    answers = ask(toy_model, tokenizer, [[str(IMAGES / n)] for n in names], [question("what", "en")] * len(names),
-                  zero_table=True)
-    assert len(set(answers)) == 1
+    pictures = [[str(IMAGES / n)] for n in names]
+    input_vit = toy_model.transformer.visual.encode([IMAGES / n for n in names])  # [N, 256, H]
+    assert all(not torch.allclose(input_vit[i], input_vit[j]) for i in range(len(names)) for j in range(i))
+    answers = ask(toy_model, tokenizer, pictures, [question("what", "en")] * len(names))
+    assert answers == [describe(SAMPLES[n], "en") for n in names] and len(set(answers)) == len(names)
+    zeroed = ask(toy_model, tokenizer, pictures, [question("what", "en")] * len(names), zero_table=True)
+    assert len(set(zeroed)) == 1 and zeroed[0] not in answers[1:]
 
 
 def test_fake_ids_shifted_by_one_read_past_the_table_and_are_refused(toy_model, tokenizer):
-    ids, mask = chat_batch(tokenizer, [["red_circle.png"]], [question("what", "en")])
+    ids = torch.tensor([make_prompt(tokenizer, question("what", "en"), ["red_circle.png"])[1]])
     input_vit = toy_model.transformer.visual.encode([IMAGES / "red_circle.png"])  # [1, 256, H]
     fake_ids, table, tasks, task_vocab_size = single_table_batch(ids, input_vit, toy_model.config.vocab_size)
     shifted = torch.where(fake_ids >= toy_model.config.vocab_size, fake_ids + 1, fake_ids)  # ids 1…256 of a 256-row table
@@ -78,11 +91,10 @@ def test_fake_ids_shifted_by_one_read_past_the_table_and_are_refused(toy_model, 
 def test_features_shifted_by_one_position_change_little(toy_model, tokenizer):
     """Each image token carries its own patch's content, so a one-position misalignment costs few answers."""
     examples = [e for e in make_dataset(11, 64) if len(e.images) == 1]
-    ids, mask = chat_batch(tokenizer, [e.pictures() for e in examples], [e.question for e in examples])
     input_vit = toy_model.transformer.visual.encode([p for e in examples for p in e.pictures()])
-    right = answer_with_features(toy_model, tokenizer, ids, mask, input_vit)
-    shifted = answer_with_features(toy_model, tokenizer, ids, mask, input_vit.roll(1, dims=1))  # id k reads row k-1
-    zeroed = answer_with_features(toy_model, tokenizer, ids, mask, torch.zeros_like(input_vit))
+    right = with_features(toy_model, tokenizer, examples, input_vit)
+    shifted = with_features(toy_model, tokenizer, examples, input_vit.roll(1, dims=1))  # id k reads row k-1
+    zeroed = with_features(toy_model, tokenizer, examples, torch.zeros_like(input_vit))
     hits = lambda answers: sum(a == e.answer for a, e in zip(answers, examples))  # noqa: E731
     assert abs(hits(shifted) - hits(right)) <= len(examples) // 8 < hits(shifted) - hits(zeroed)
 

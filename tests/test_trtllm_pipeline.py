@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qwenvl_lab.tokenizing import IM_END_ID, make_context
-from qwenvl_lab.trtllm.convert import read_trtllm_config
+from qwenvl_lab.unified_checkpoint import read_trtllm_config
 from qwenvl_lab.trtllm.gpu import missing_gpu_stack
 from qwenvl_lab.trtllm.pipeline import COMMAND_FILE, ONNX_FILE, REFERENCE_FILE, STOPPED, main, run_gpu_steps
 

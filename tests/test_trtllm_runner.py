@@ -1,8 +1,10 @@
 """Tests for step 11: the TensorRT-LLM runner — engine config, request checks made before the GPU, and outputs.
 
-Without tensorrt_llm the runner's one call into it (`ModelRunnerCpp.generate`) is played by `EmulatedModelRunnerCpp`:
-what TensorRT-LLM 1.2.x documents for that call (request i gets `PromptTuningConfig(prompt_table[task_i])`, its fake
-ids index its own table; outputs padded with end_id to max_seq_len), computed by our PyTorch model.
+Without tensorrt_llm the runner's one call into it (`ModelRunnerCpp.generate`) is played by `StandInModelRunnerCpp`
+(tests marked `standin`): what TensorRT-LLM 1.2.x does for that call (request i gets
+`PromptTuningConfig(prompt_table[task_i])`, its fake ids index its own table; outputs padded with end_id to
+max_seq_len; streaming yields the outputs after every token), computed by our PyTorch model. These tests check our
+side of the call, not TensorRT-LLM.
 """
 
 import json
@@ -15,6 +17,7 @@ from qwenvl_lab.prompt_table import per_request_tables, single_table_batch
 from qwenvl_lab.tokenizing import IM_END_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, make_context
 from qwenvl_lab.trtllm.gpu import GPUStackError, missing_gpu_stack
 from qwenvl_lab.trtllm.pipeline import answer_question
+from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.trtllm.runner import EngineConfig, TRTLLMRunner, read_engine_config
 
 V, H = 151936, 128
@@ -59,9 +62,9 @@ def runner(tmp_path):
 
 def test_engine_config_is_read_from_the_engine_dir(tmp_path):
     config = read_engine_config(write_engine(tmp_path / "e", tp_size=2))
-    assert config == EngineConfig(vocab_size=V, hidden_size=H, dtype="float16", tp_size=2, pp_size=1, max_batch_size=8,
-                                  max_input_len=2048, max_seq_len=3072, max_beam_width=1,
-                                  max_prompt_embedding_table_size=2048)
+    assert config == EngineConfig(vocab_size=V, hidden_size=H, tp_size=2, pp_size=1, build=BuildConfig(
+        max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_beam_width=1, max_prompt_embedding_table_size=2048,
+        dtype="float16"))
     assert config.rows_per_request == 256  # the README build: exactly one image per request
 
 
@@ -73,7 +76,7 @@ def test_engine_dir_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"lacks \['rank1.engine'\]"):
         read_engine_config(engine)
     (engine / "config.json").write_text(json.dumps({"pretrained_config": {}}))
-    with pytest.raises(ValueError, match="missing 'build_config'"):
+    with pytest.raises(ValueError, match="has no 'build_config'"):
         read_engine_config(engine)
 
 
@@ -109,7 +112,7 @@ def test_one_request_in_the_single_table_convention_gets_its_own_table(runner):
     ids, table, tasks, tvs = single_table_batch(prompt(1)[None], torch.randn(1, 256, H), V)
     checked, tables, task_str = runner.check_request([ids[0]], table.half(), "0", task_vocab_size=tvs)
     assert torch.equal(tables, table.half()[None]) and task_str == "0"
-    with pytest.raises(ValueError, match="reads prompt-table row 255, past the table's 100 rows"):
+    with pytest.raises(ValueError, match="reads prompt-table row 100, but the table has 100 rows"):
         runner.check_request([ids[0]], table[:100].half(), "0", task_vocab_size=tvs)
 
 
@@ -128,12 +131,12 @@ def test_image_spans_still_holding_a_path_are_refused(runner):
     (dict(batch_input_ids=[]), ValueError, "non-empty list"),
     (dict(batch_input_ids=[torch.tensor([1.5])]), ValueError, "1-D tensor of token ids"),
     (dict(batch_input_ids=[torch.tensor([-1, 2])]), ValueError, "non-negative"),
-    (dict(batch_input_ids=[torch.tensor([1])] * 9), ValueError, "exceed the engine's max_batch_size 8"),
-    (dict(batch_input_ids=[torch.ones(2049, dtype=torch.long)]), ValueError, "max_input_len 2048"),
+    (dict(batch_input_ids=[torch.tensor([1])] * 9), ValueError, "9 requests but the engine was built with max_batch_size 8"),
+    (dict(batch_input_ids=[torch.ones(2049, dtype=torch.long)]), ValueError, "max_input_len is 2048"),
     (dict(batch_input_ids=[torch.ones(2048, dtype=torch.long)], max_new_tokens=1025), ValueError, "max_seq_len 3072"),
     (dict(batch_input_ids=[torch.tensor([1])], max_new_tokens=0), ValueError, "max_new_tokens must be a positive int"),
     (dict(batch_input_ids=[torch.tensor([1])], num_beams=2), ValueError, "max_beam_width"),
-    (dict(batch_input_ids=[torch.tensor([1, V])]), ValueError, "no prompt_table was given"),
+    (dict(batch_input_ids=[torch.tensor([1, V])]), ValueError, "needs a prompt_table"),
     (dict(batch_input_ids=[torch.tensor([1])], prompt_tasks="0"), ValueError, "without a prompt_table"),
     (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, 64).half()), ValueError,
      r"\[tables, rows, 128\]"),
@@ -170,8 +173,9 @@ def test_from_dir_without_tensorrt_llm_says_what_is_missing(tmp_path):
 # generate, with ModelRunnerCpp.generate emulated on the CPU
 
 
-class EmulatedModelRunnerCpp:
-    """ModelRunnerCpp.generate's contract (TensorRT-LLM 1.2.x, keyword names included), computed by our model."""
+class StandInModelRunnerCpp:
+    """A stand-in for ModelRunnerCpp (tests only): generate's contract in TensorRT-LLM 1.2.x, keyword names included,
+    computed by our model."""
 
     def __init__(self, model, max_seq_len):
         self.model, self.max_seq_len, self.calls = model, max_seq_len, []
@@ -182,16 +186,24 @@ class EmulatedModelRunnerCpp:
         self.calls.append(dict(prompt_table=prompt_table, prompt_tasks=prompt_tasks, batch_input_ids=batch_input_ids))
         assert return_dict and output_sequence_lengths and num_beams == 1 and top_k == 1  # what the runner asks for
         tasks = [0] * len(batch_input_ids) if prompt_tasks is None else [int(t) for t in prompt_tasks.split(",")]
-        output_ids = torch.full((len(batch_input_ids), 1, self.max_seq_len), end_id, dtype=torch.int32)
-        lengths = torch.zeros(len(batch_input_ids), 1, dtype=torch.int32)
-        for i, (ids, task) in enumerate(zip(batch_input_ids, tasks)):
+        sequences = []
+        for ids, task in zip(batch_input_ids, tasks):
             table = {} if prompt_table is None else dict(  # the request's own table: PromptTuningConfig(table[task])
                 prompt_table=prompt_table[task].to(self.model.dtype), tasks=torch.zeros(1, dtype=torch.int32),
                 task_vocab_size=prompt_table.shape[1])
-            seq = greedy(self.model, ids, max_new_tokens, end_id, **table)
-            output_ids[i, 0, : len(seq)], lengths[i, 0] = seq, len(seq)
-        result = {"output_ids": output_ids, "sequence_lengths": lengths}
-        return iter([result]) if streaming else result
+            sequences.append(greedy(self.model, ids, max_new_tokens, end_id, **table))
+
+        def outputs(step):
+            """The outputs once every request has `step` new tokens (fewer where it ended)."""
+            output_ids = torch.full((len(batch_input_ids), 1, self.max_seq_len), end_id, dtype=torch.int32)
+            lengths = torch.zeros(len(batch_input_ids), 1, dtype=torch.int32)
+            for i, (ids, seq) in enumerate(zip(batch_input_ids, sequences)):
+                n = min(len(seq), len(ids) + step)
+                output_ids[i, 0, :n], lengths[i, 0] = seq[:n], n
+            return {"output_ids": output_ids, "sequence_lengths": lengths}
+
+        steps = max(len(seq) - len(ids) for ids, seq in zip(batch_input_ids, sequences))
+        return (outputs(t) for t in range(1, steps + 1)) if streaming else outputs(steps)
 
 
 def greedy(model, ids, max_new_tokens, end_id, **table) -> torch.Tensor:
@@ -207,7 +219,7 @@ def tiny(tiny_model, tokenizer, tmp_path_factory):
     """(model, tokenizer, TRTLLMRunner over an fp32 engine config of 2 requests × 1 image, emulated ModelRunnerCpp)."""
     engine = write_engine(tmp_path_factory.mktemp("runner") / "engine", dtype="float32", max_batch_size=2,
                           max_input_len=512, max_seq_len=600, max_prompt_embedding_table_size=512)
-    return tiny_model, tokenizer, TRTLLMRunner(read_engine_config(engine), EmulatedModelRunnerCpp(tiny_model, 600))
+    return tiny_model, tokenizer, TRTLLMRunner(read_engine_config(engine), StandInModelRunnerCpp(tiny_model, 600))
 
 
 def chat_ids(tokenizer, image, question):
@@ -215,6 +227,7 @@ def chat_ids(tokenizer, image, question):
     return torch.tensor(make_context(tokenizer, query)[1])
 
 
+@pytest.mark.standin
 def test_generate_answers_like_the_original_model(tiny):
     """Two requests, each with its own picture as its own table, give what Qwen-VL's own path gives for each."""
     model, tokenizer, runner = tiny
@@ -237,15 +250,22 @@ def test_generate_answers_like_the_original_model(tiny):
         assert (out["output_ids"][r, 0, n:] == IM_END_ID).all()  # then pad_id
 
 
-def test_streaming_gives_the_same_layout(tiny):
+@pytest.mark.standin
+def test_streaming_gives_every_step_in_the_same_layout(tiny):
     model, tokenizer, runner = tiny
     ids, table = fake_request()
     ids, table = ids.int(), table.float()
-    steps = list(runner.generate([ids], prompt_table=table, max_new_tokens=3, streaming=True))
-    assert len(steps) == 1 and steps[0].shape == (1, 1, len(ids) + 3)
-    assert torch.equal(steps[0], runner.generate([ids], prompt_table=table, max_new_tokens=3))
+    steps = list(runner.generate([ids], prompt_table=table, max_new_tokens=3, streaming=True, return_dict=True))
+    assert len(steps) == 3 and all(s["output_ids"].shape == (1, 1, len(ids) + 3) for s in steps)
+    assert [int(s["sequence_lengths"][0, 0]) for s in steps] == [len(ids) + 1, len(ids) + 2, len(ids) + 3]
+    for t, s in enumerate(steps, 1):  # each step: the prompt, t new tokens, then pad_id
+        assert (s["output_ids"][0, 0, len(ids) + t :] == IM_END_ID).all()
+    final = runner.generate([ids], prompt_table=table, max_new_tokens=3)
+    assert torch.equal(steps[-1]["output_ids"], final) and torch.equal(steps[0]["output_ids"][0, 0, : len(ids) + 1],
+                                                                       final[0, 0, : len(ids) + 1])
 
 
+@pytest.mark.standin
 def test_answer_question_decodes_what_the_original_model_says(tiny):
     model, tokenizer, runner = tiny
     picture = IMAGES / "blue_square.png"
@@ -256,12 +276,13 @@ def test_answer_question_decodes_what_the_original_model_says(tiny):
 
 
 class OtherRankModelRunnerCpp:
-    """ModelRunnerCpp.generate on a rank that does not enqueue requests (tp_size > 1): it returns []."""
+    """A stand-in for ModelRunnerCpp on a rank that does not enqueue requests (tp_size > 1): generate returns []."""
 
     def generate(self, batch_input_ids, **kwargs):
         return []
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize("streaming", [False, True])
 def test_ranks_other_than_the_first_get_no_outputs(tmp_path, streaming):
     runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e", tp_size=2)), OtherRankModelRunnerCpp())
@@ -276,3 +297,13 @@ def test_generate_checks_its_own_arguments(tiny):
     with pytest.raises(ValueError, match="early_stopping must be True or False"):
         runner.generate([torch.tensor([1, 2])], early_stopping="never")
     assert len(runner.session.calls) == calls  # nothing reached TensorRT-LLM
+
+
+def test_ids_past_int32_are_refused_before_the_cast(runner):
+    """The ids TensorRT-LLM gets are int32: 2**32 + V + 3 would wrap to a fake id reading row 3."""
+    ids, table = fake_request()
+    ids[5] = 2**32 + V + 3
+    with pytest.raises(ValueError, match=f"id {2**32 + V + 3} at position 5 reads prompt-table row {2**32 + 3}"):
+        runner.check_request([ids], table, "0")
+    with pytest.raises(ValueError, match="holds id 1099511627776 at position 1, past the vocabulary"):
+        runner.check_request([torch.tensor([1, 2**40])])

@@ -1,86 +1,45 @@
-"""Engine, build — fix the limits once, write the LM in TensorRT-LLM's layout and dtype, the vision tower beside it."""
+"""Engine, build — fix the limits once, write the LM in TensorRT-LLM's layout and dtype, the vision tower beside it.
 
+An engine directory holds config.json (the limits and the model), llm/ (a TensorRT-LLM unified checkpoint), vision/
+(the vision tower), qwen.tiktoken when the checkpoint has one, and manifest.json, written last. A build writes into
+a temporary directory beside the engine directory and renames it into place only when complete, so a failed or
+killed build leaves the previous engine exactly as it was; `load_engine_config` refuses a directory whose manifest
+does not match what is on disk.
+"""
+
+import hashlib
 import json
 import shutil
-import warnings
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict, fields
+from importlib import metadata
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import CheckpointError, check_state_dict, load_config, load_visual_tower, vision_tower_from
-from ..prompt_table import to_torch_dtype
-from ..tokenizing import IMG_TOKEN_SPAN, VOCAB_FILE_NAME
-from ..trtllm.build_command import IMAGE_IDS, dtype_name
-from ..trtllm.convert import convert_to_trtllm_checkpoint, read_trtllm_config, trtllm_config
+from ..checkpoint import check_state_dict, load_config, load_visual_tower, vision_tower_from
+from ..files import CheckpointError, field, read_json
+from ..limits import BuildConfig, check_model_limits
+from ..tokenizing import VOCAB_FILE_NAME
+from ..unified_checkpoint import convert_to_trtllm_checkpoint, read_trtllm_config, trtllm_config
 from ..vision import VisionTransformer
 
-ENGINE_VERSION = "qwenvl-lab-engine/1"
+ENGINE_VERSION = "qwenvl-lab-engine/2"
 LLM_DIR, VISION_DIR = "llm", "vision"  # TensorRT-LLM's multimodal layout: engine_dir/llm and engine_dir/vision
 RANK0 = "rank0.safetensors"
+MANIFEST = "manifest.json"  # written last: its presence marks a complete engine of this package
+CONFIGS = ("config.json", f"{LLM_DIR}/config.json", f"{VISION_DIR}/config.json")  # checksummed in the manifest
+REBUILD = "rebuild it with build_engine(checkpoint_dir, engine_dir, build_config, overwrite=True)"
 
 
-@dataclass(frozen=True)
-class BuildConfig:
-    """The limits `trtllm-build` fixes at build time, and the engine dtype.
-
-    `max_prompt_embedding_table_size` = 256 × images per request × max_batch_size; 0 (trtllm-build's default, and
-    what article 2's command leaves) builds an engine without prompt-table inputs, which refuses images.
-    """
-
-    max_batch_size: int = 8
-    max_input_len: int = 1024
-    max_seq_len: int = 2048
-    max_prompt_embedding_table_size: int = 0
-    dtype: str = "float32"
-    max_beam_width: int = 1
-
-    def __post_init__(self):
-        for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_beam_width"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"BuildConfig.{name} must be a positive int, got {value!r}")
-        table = self.max_prompt_embedding_table_size
-        if isinstance(table, bool) or not isinstance(table, int) or table < 0:
-            raise ValueError(f"BuildConfig.max_prompt_embedding_table_size must be an int >= 0, got {table!r}")
-        object.__setattr__(self, "dtype", dtype_name(self.dtype))
-        if self.max_input_len > self.max_seq_len:
-            raise ValueError(
-                f"max_input_len {self.max_input_len} exceeds max_seq_len {self.max_seq_len}: max_seq_len counts the "
-                "prompt and the answer; raise max_seq_len"
-            )
-        if 0 < table < IMG_TOKEN_SPAN:
-            raise ValueError(
-                f"a prompt table of {table} rows cannot hold one image ({IMG_TOKEN_SPAN} rows); use 256 × images per "
-                "request × max_batch_size, or 0 for a text-only engine"
-            )
-        if table and self.max_input_len < IMAGE_IDS:
-            raise ValueError(
-                f"max_input_len {self.max_input_len} cannot hold one image span ({IMAGE_IDS} ids: <img> + 256 + </img>); "
-                "raise max_input_len"
-            )
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        """The engine dtype as a torch.dtype."""
-        return to_torch_dtype(self.dtype)
-
-
-def check_model_limits(build_config: BuildConfig, pretrained_config: dict) -> None:
-    """Raise when the limits do not fit the model; warn past seq_length, where Qwen-VL's dynamic NTK would start."""
-    if build_config.max_seq_len > pretrained_config["max_position_embeddings"]:
-        raise ValueError(
-            f"max_seq_len {build_config.max_seq_len} exceeds the model's max_position_embeddings "
-            f"{pretrained_config['max_position_embeddings']}"
-        )
-    if build_config.max_seq_len > pretrained_config["seq_length"]:
-        warnings.warn(
-            f"max_seq_len {build_config.max_seq_len} > seq_length {pretrained_config['seq_length']}: past that length "
-            "Qwen-VL applies dynamic NTK and logn attention, which this engine (like TensorRT-LLM) does not, so long "
-            "answers differ from the original model",
-            stacklevel=3,
-        )
+def package_version() -> str:
+    """The installed qwenvl_lab's version (recorded in every engine it builds)."""
+    try:
+        return metadata.version("qwenvl_lab")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def expected_weights(pretrained_config: dict) -> dict[str, tuple[int, ...]]:
@@ -107,58 +66,172 @@ def check_engine_weights(weights: dict, pretrained_config: dict) -> None:
                                for name, shape in expected_weights(pretrained_config).items()})
 
 
-def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig) -> Path:
-    """Write an engine directory: config.json (version, limits, model), llm/ (TensorRT-LLM checkpoint), vision/."""
+def _check_target(checkpoint_dir: Path, engine_dir: Path, overwrite: bool) -> None:
+    """Refuse an engine directory that is the checkpoint (or inside or around it), holds other files, or holds an
+    earlier engine without overwrite=True."""
+    ckpt, target = checkpoint_dir.resolve(), engine_dir.resolve()
+    if target == ckpt or ckpt in target.parents or target in ckpt.parents:
+        raise ValueError(f"the engine directory {engine_dir} is the checkpoint directory {checkpoint_dir}, inside it "
+                         "or around it: building there would overwrite the checkpoint. Give a separate directory")
+    if not engine_dir.exists():
+        return
+    if not engine_dir.is_dir():
+        raise NotADirectoryError(f"{engine_dir} is a file; give a directory for the engine")
+    entries = sorted(p.name for p in engine_dir.iterdir())
+    if not entries:
+        return
+    if MANIFEST not in entries and "config.json" not in entries:
+        shown = ", ".join(entries[:8]) + (" …" if len(entries) > 8 else "")
+        raise FileExistsError(f"{engine_dir} is not empty and holds no engine of this package ({shown}): refusing to "
+                              "write an engine over it. Give a new or empty directory")
+    if MANIFEST not in entries and not _is_engine_config(engine_dir / "config.json"):
+        raise FileExistsError(f"{engine_dir} holds a config.json that is not an engine of this package: refusing to "
+                              "write an engine over it. Give a new or empty directory")
+    if not overwrite:
+        raise FileExistsError(f"{engine_dir} already holds an engine: pass overwrite=True to replace it "
+                              "(`--overwrite` on the command line), or give another directory")
+
+
+def _is_engine_config(config_file: Path) -> bool:
+    """True for the config.json of an engine directory of this package (any version)."""
+    try:
+        return str(json.loads(config_file.read_text()).get("version", "")).startswith("qwenvl-lab-engine/")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_manifest(engine_dir: Path, build_config: BuildConfig) -> None:
+    """manifest.json: the format, the package version, the build config, every file's size, each config's sha256."""
+    files = {p.relative_to(engine_dir).as_posix(): {"bytes": p.stat().st_size}
+             for p in sorted(engine_dir.rglob("*")) if p.is_file()}
+    for name in CONFIGS:
+        files[name]["sha256"] = _sha256(engine_dir / name)
+    manifest = {"format": ENGINE_VERSION, "package_version": package_version(), "build_config": asdict(build_config),
+                "files": files}
+    (engine_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _remove_leftovers(engine_dir: Path) -> None:
+    """Delete the temporary siblings that builds of this engine directory killed earlier left behind."""
+    for stale in engine_dir.parent.glob(f".{engine_dir.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrite: bool = False) -> Path:
+    """Write an engine directory: config.json (version, limits, model), llm/ (TensorRT-LLM checkpoint), vision/.
+
+    The directory must be new, empty, or (with overwrite=True) an earlier engine of this package; it is replaced only
+    once the new engine is complete.
+    """
     if not isinstance(build_config, BuildConfig):
         raise TypeError(f"build_config must be a BuildConfig, got {type(build_config).__name__}")
-    checkpoint_dir, output_dir = Path(checkpoint_dir), Path(output_dir)
+    checkpoint_dir, engine_dir = Path(checkpoint_dir), Path(output_dir)
     hf_config = load_config(checkpoint_dir)
     pretrained = trtllm_config(hf_config, build_config.dtype)
-    check_model_limits(build_config, pretrained)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise FileExistsError(f"{output_dir} is a file; give a directory for the engine")
-    convert_to_trtllm_checkpoint(checkpoint_dir, output_dir / LLM_DIR, build_config.dtype)
-    tower = load_visual_tower(checkpoint_dir, build_config.torch_dtype)
-    (output_dir / VISION_DIR).mkdir(parents=True, exist_ok=True)
-    vision = {k: v.contiguous() for k, v in tower.state_dict().items()}
-    save_file(vision, str(output_dir / VISION_DIR / "model.safetensors"))
-    (output_dir / VISION_DIR / "config.json").write_text(
-        json.dumps({"visual": hf_config.visual, "dtype": build_config.dtype}, indent=2) + "\n")
-    if (checkpoint_dir / VOCAB_FILE_NAME).is_file():
-        shutil.copyfile(checkpoint_dir / VOCAB_FILE_NAME, output_dir / VOCAB_FILE_NAME)
-    config = {"version": ENGINE_VERSION, "build_config": asdict(build_config), "pretrained_config": pretrained}
-    (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return output_dir
+    check_model_limits(build_config, pretrained["max_position_embeddings"], pretrained["seq_length"])
+    _check_target(checkpoint_dir, engine_dir, overwrite)
+    engine_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(engine_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f".{engine_dir.name}.", suffix=".tmp", dir=engine_dir.parent))
+    try:
+        convert_to_trtllm_checkpoint(checkpoint_dir, staging / LLM_DIR, build_config.dtype)
+        tower = load_visual_tower(checkpoint_dir, build_config.torch_dtype)
+        (staging / VISION_DIR).mkdir()
+        save_file({k: v.contiguous() for k, v in tower.state_dict().items()}, str(staging / VISION_DIR / "model.safetensors"))
+        (staging / VISION_DIR / "config.json").write_text(
+            json.dumps({"visual": hf_config.visual, "dtype": build_config.dtype}, indent=2) + "\n")
+        if (checkpoint_dir / VOCAB_FILE_NAME).is_file():
+            shutil.copyfile(checkpoint_dir / VOCAB_FILE_NAME, staging / VOCAB_FILE_NAME)
+        config = {"version": ENGINE_VERSION, "build_config": asdict(build_config), "pretrained_config": pretrained}
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_manifest(staging, build_config)
+        if engine_dir.exists():  # empty, or an earlier engine (overwrite=True): moved aside, then removed
+            replaced = engine_dir.parent / f".{engine_dir.name}.replaced.tmp"
+            engine_dir.rename(replaced)
+            staging.rename(engine_dir)
+            shutil.rmtree(replaced)
+        else:
+            staging.rename(engine_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when the build completed
+    return engine_dir
+
+
+def _check_manifest(engine_dir: Path, config: dict) -> None:
+    """Refuse an engine whose files differ from its manifest: an interrupted build or a damaged copy."""
+    manifest_file = engine_dir / MANIFEST
+    if not manifest_file.is_file():
+        raise CheckpointError(f"{engine_dir} has no {MANIFEST}: the build did not finish, or the directory was not "
+                              f"made by build_engine; {REBUILD}")
+    manifest = read_json(manifest_file, REBUILD)
+    if manifest.get("format") != ENGINE_VERSION or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{manifest_file} describes engine format {manifest.get('format')!r}, this package reads "
+                              f"{ENGINE_VERSION!r}; {REBUILD}")
+    if manifest.get("package_version") != package_version():
+        raise CheckpointError(f"{engine_dir} was built by qwenvl_lab {manifest.get('package_version')!r}, this is "
+                              f"{package_version()!r}; {REBUILD}")
+    if manifest.get("build_config") != config.get("build_config"):
+        raise CheckpointError(f"{engine_dir}: config.json's build_config differs from the one the engine was built "
+                              f"with ({MANIFEST}); {REBUILD}")
+    for name, expected in manifest["files"].items():
+        path = engine_dir / name
+        if not isinstance(expected, dict) or not path.is_file():
+            raise CheckpointError(f"{path} is missing: the engine is incomplete; {REBUILD}")
+        if path.stat().st_size != expected.get("bytes"):
+            raise CheckpointError(f"{path} has {path.stat().st_size} bytes, the build wrote {expected.get('bytes')}: "
+                                  f"the engine is damaged; {REBUILD}")
+        if "sha256" in expected and _sha256(path) != expected["sha256"]:
+            raise CheckpointError(f"{path} was changed after the build (its checksum differs); {REBUILD}")
 
 
 def load_engine_config(engine_dir) -> tuple[BuildConfig, dict]:
-    """(BuildConfig, pretrained_config) of an engine directory, checked to be one this version reads."""
+    """(BuildConfig, pretrained_config) of an engine directory, checked complete and readable by this version."""
     engine_dir = Path(engine_dir)
+    if not engine_dir.is_dir():
+        raise FileNotFoundError(f"engine directory {str(engine_dir)!r} not found; build the engine first with "
+                                "build_engine(...)")
     config_file = engine_dir / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{str(config_file)!r} not found; build the engine first with build_engine(...)")
-    config = json.loads(config_file.read_text())
+    config = read_json(config_file, f"build the engine first with build_engine(...), or {REBUILD}")
     if config.get("version") != ENGINE_VERSION:
-        raise CheckpointError(
-            f"{engine_dir} holds engine version {config.get('version')!r}, this package reads {ENGINE_VERSION!r}; "
-            "rebuild it with build_engine"
-        )
-    if not (engine_dir / LLM_DIR / RANK0).is_file():
-        raise FileNotFoundError(f"{engine_dir / LLM_DIR / RANK0} is missing; was build_engine interrupted?")
+        raise CheckpointError(f"{engine_dir} holds engine version {config.get('version')!r}, this package reads "
+                              f"{ENGINE_VERSION!r}; {REBUILD}")
+    _check_manifest(engine_dir, config)
+    stored = field(config, "build_config", "dict", config_file, REBUILD)
+    names = {f.name for f in fields(BuildConfig)}
+    missing, unknown = sorted(names - set(stored)), sorted(set(stored) - names)
+    if missing or unknown:
+        raise CheckpointError(f"{config_file}: build_config {'lacks ' + str(missing) if missing else ''}"
+                              f"{' and ' if missing and unknown else ''}{'has unknown ' + str(unknown) if unknown else ''}"
+                              f"; {REBUILD}")
+    try:
+        build_config = BuildConfig(**stored)
+    except ValueError as err:
+        raise CheckpointError(f"{config_file}: {err}; {REBUILD}") from None
     pretrained = read_trtllm_config(engine_dir / LLM_DIR)
-    return BuildConfig(**config["build_config"]), pretrained
+    check_model_limits(build_config, pretrained["max_position_embeddings"], pretrained["seq_length"])
+    return build_config, pretrained
 
 
 def load_engine_weights(engine_dir) -> dict[str, torch.Tensor]:
     """The LM weights of an engine directory, by TensorRT-LLM name."""
-    return load_file(str(Path(engine_dir) / LLM_DIR / RANK0))
+    path = Path(engine_dir) / LLM_DIR / RANK0
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path} cannot be read as safetensors ({err}); {REBUILD}") from None
 
 
-def load_vision_tower(engine_dir, device="cpu") -> VisionTransformer:
+def load_engine_vision_tower(engine_dir, device="cpu") -> VisionTransformer:
     """The engine's vision part: VisionTransformer from vision/config.json and vision/model.safetensors."""
     vision_dir = Path(engine_dir) / VISION_DIR
-    if not (vision_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{vision_dir} has no config.json; this engine was built without its vision part")
-    visual = json.loads((vision_dir / "config.json").read_text())["visual"]
-    tower = vision_tower_from(visual, load_file(str(vision_dir / "model.safetensors")))
-    return tower.to(device)
+    visual = field(read_json(vision_dir / "config.json", f"this engine has no vision part; {REBUILD}"), "visual", "dict",
+                   vision_dir / "config.json", REBUILD)
+    try:
+        state = load_file(str(vision_dir / "model.safetensors"))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{vision_dir / 'model.safetensors'} cannot be read ({err}); {REBUILD}") from None
+    return vision_tower_from(visual, state).to(device)

@@ -2,18 +2,9 @@
 
 import torch
 
+from ..requests import is_greedy
+
 ARGMAX_BLOCK = 128  # greedy_tokens on a CPU: the row's maximum per block of this many logits first
-
-
-def is_greedy(temperature, top_k, top_p) -> bool:
-    """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (0 = no top-k limit, 1 = greedy), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 <= top_p <= 1.0:
-        raise ValueError(f"top_p must be a number in [0, 1] (0 with top_k 0 = greedy), got {top_p!r}")
-    return top_k == 1 or (top_k == 0 and top_p == 0.0)
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -33,7 +24,7 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator=None) -> torch.Tensor:
     """Next token of each row of logits [n, V]: argmax when greedy, else a draw from the filtered softmax: [n]."""
-    if is_greedy(temperature, top_k, top_p):
+    if is_greedy(top_k, top_p):
         return greedy_tokens(logits)
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
@@ -42,7 +33,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """logits.argmax(-1) (the first maximum of each row [n, V]); on a CPU in two levels, since CPU argmax is not
     vectorised while amax is: the maximum of every block of ARGMAX_BLOCK logits, the first block that holds the row's
-    maximum, then the first maximum inside it — about 6× faster over Qwen's 151936 logits."""
+    maximum, then the first maximum inside it."""
     n, vocab = logits.shape
     if logits.device.type != "cpu" or vocab % ARGMAX_BLOCK:
         return logits.argmax(dim=-1)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import load_checkpoint
+
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 TOY_DIR = DATA_DIR / "toy-qwen-vl"
 CHECKPOINT_ENV = "QWENVL_LAB_CHECKPOINT"  # point the course at a real Qwen-VL-Chat directory
@@ -23,10 +25,9 @@ def default_checkpoint_dir() -> Path:
     return Path(os.environ.get(CHECKPOINT_ENV, TOY_DIR))
 
 
-def load_toy_model(checkpoint_dir=None, dtype=torch.float32, device="cpu"):
-    """Load the course's model (the shipped toy unless a directory or $QWENVL_LAB_CHECKPOINT says otherwise)."""
-    from ..checkpoint import load_checkpoint
-
+def load_course_model(checkpoint_dir=None, dtype=torch.float32, device="cpu"):
+    """Load the course's model: the shipped toy, or a real Qwen-VL-Chat named by `checkpoint_dir` or
+    $QWENVL_LAB_CHECKPOINT."""
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
     if not (checkpoint_dir / "config.json").is_file():
         raise FileNotFoundError(
@@ -34,3 +35,6 @@ def load_toy_model(checkpoint_dir=None, dtype=torch.float32, device="cpu"):
             f"or set {CHECKPOINT_ENV} to a Qwen-VL-Chat directory"
         )
     return load_checkpoint(checkpoint_dir, dtype=dtype, device=device)
+
+
+load_toy_model = load_course_model  # the name before 0.2; kept for one release

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..chat import SPAN_NAME
 from ..checkpoint import save_checkpoint
 from ..img_pos import locate_img_pos
 from ..modeling import QWenLMHeadModel, QWenVLConfig
@@ -41,10 +42,10 @@ from ..prompt_table import prompt_tuning_embedding, single_table_batch
 from ..tokenizing import ENDOFTEXT_ID, IM_END_ID, IMAGE_END_ID, IMAGE_START_ID, load_tokenizer, make_context
 from ..vision import N_QUERIES, preprocess_images
 from . import TOY_CONFIG, TOY_DIR
+from .evaluate import evaluate
 from .shapes import (COLORS, KINDS, LANGS, MAX_SHAPES, PICTURE_SIZE, Scene, Shape, color_of, count, describe, make_example,
                      question, random_scene, which_picture)
 
-SPAN_NAME = "picture{k}.png"  # the path written in training spans (replaced by fake ids before the model sees it)
 STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800  # the shipped model's run
 
 
@@ -355,8 +356,6 @@ def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_
             bar.set_postfix(loss=f"{loss.item():.4f}", probe=f"{aux.item():.3f}")
             if eval_every and ((step + 1) % eval_every == 0 or step + 1 == n_steps):
                 vocab.write_back(model)
-                from .evaluate import evaluate
-
                 model.eval()
                 print(f"{stage}, step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
                       f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}")

@@ -6,31 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
-from ..prompt_table import DTYPES
-from ..tokenizing import IMG_TOKEN_SPAN
+from ..limits import IMAGE_IDS, dtype_name, prompt_table_size
 from .gpu import GPUStackError, missing_gpu_stack
 
-IMAGE_IDS = IMG_TOKEN_SPAN + 2  # an image takes <img> + 256 + </img> positions of the input
 BUILD_MODULE = "tensorrt_llm.commands.build"  # what the `trtllm-build` console script runs
-
-
-def dtype_name(dtype) -> str:
-    """"float16"/"bfloat16"/"float32" for a dtype given as that name or as a torch.dtype."""
-    names = {v: k for k, v in DTYPES.items()}
-    if isinstance(dtype, torch.dtype) and dtype in names:
-        return names[dtype]
-    if dtype in DTYPES:
-        return dtype
-    raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or the torch.dtype), got {dtype!r}")
-
-
-def prompt_table_size(build_config, images_per_request: int = 1) -> int:
-    """`--max_prompt_embedding_table_size` = 256 × images per request × max_batch_size (in-flight batching)."""
-    if isinstance(images_per_request, bool) or not isinstance(images_per_request, int) or images_per_request < 1:
-        raise ValueError(f"images_per_request must be a positive int, got {images_per_request!r}")
-    return IMG_TOKEN_SPAN * images_per_request * build_config.max_batch_size
 
 
 def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_request: int = 1) -> list[str]:

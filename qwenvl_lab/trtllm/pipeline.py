@@ -15,11 +15,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
-from ..prompt_table import per_request_tables, to_torch_dtype
-from ..tokenizing import IM_END_ID, IMG_TOKEN_SPAN, load_tokenizer, make_context
-from .build_command import run_trtllm_build
+from .. import chat
+from ..limits import BuildConfig, dtype_name
+from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
+from .build_command import run_trtllm_build, trtllm_build_command
 from .gpu import GPUStackError
 from .runner import TRTLLMRunner
 from .visual_plan import TRTVisualEncoder, build_visual_plan
@@ -34,8 +33,6 @@ STOPPED = 3  # exit status when a GPU step cannot run on this machine
 
 def default_build_config(dtype: str = "float16"):
     """The limits of TensorRT-LLM's Qwen-VL README build: 8 requests, input 2048, total 3072, one image each."""
-    from ..engine.build import BuildConfig  # our PyTorch engine's limits, shared with trtllm_build_command
-
     return BuildConfig(max_batch_size=8, max_input_len=2048, max_seq_len=3072,
                        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * 1 * 8, dtype=dtype)
 
@@ -45,8 +42,8 @@ def prepare(checkpoint, workdir, build_config=None, reference=None, log=print) -
 
     reference=(image, question, max_new_tokens) also saves our PyTorch model's greedy answer for the GPU stage.
     """
-    from .build_command import dtype_name, trtllm_build_command
-    from .convert import convert_to_trtllm_checkpoint
+    # the model code needs transformers 5, absent from the TensorRT-LLM environment that runs the GPU stage
+    from ..unified_checkpoint import convert_to_trtllm_checkpoint
     from .onnx_export import export_visual_onnx
 
     workdir = Path(workdir)
@@ -69,28 +66,16 @@ def prepare(checkpoint, workdir, build_config=None, reference=None, log=print) -
 
 def pytorch_answer(checkpoint, image, question: str, max_new_tokens: int) -> str:
     """Greedy answer of our PyTorch model, the original Qwen-VL way (it reads the picture itself)."""
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import load_checkpoint  # transformers 5: the course environment only
 
     tokenizer, model = load_tokenizer(checkpoint), load_checkpoint(checkpoint)
-    _, context_tokens = make_context(tokenizer, tokenizer.from_list_format([{"image": str(image)}, {"text": question}]))
-    ids = torch.tensor([context_tokens])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=IM_END_ID, pad_token_id=IM_END_ID)
-    return tokenizer.decode(out[0, len(context_tokens):].tolist(), skip_special_tokens=True)
+    return chat.ask(chat.ModelAsRunner(model), None, tokenizer, [str(image)], question,
+                    max_new_tokens=max_new_tokens)[0]
 
 
 def answer_question(runner, visual_encoder, tokenizer, image, question: str, max_new_tokens: int = 64) -> str:
-    """One picture and a question through a vision engine and a runner (in-flight convention), decoded."""
-    query = tokenizer.from_list_format([{"image": str(image)}, {"text": question}])
-    _, context_tokens = make_context(tokenizer, query)
-    input_vit = visual_encoder.encode([image]).cpu()  # [1, 256, H]
-    ids, prompt_table, _, rows = per_request_tables(
-        torch.tensor([context_tokens]), input_vit, runner.config.vocab_size, runner.config.rows_per_request)
-    table = prompt_table.view(1, rows, -1).to(to_torch_dtype(runner.config.dtype))  # [1, rows, H]
-    output_ids = runner.generate([ids[0]], prompt_table=table, prompt_tasks="0",
-                                 max_new_tokens=max_new_tokens, end_id=IM_END_ID, pad_id=IM_END_ID)
-    return tokenizer.decode(output_ids[0, 0, len(context_tokens):].tolist(), skip_special_tokens=True)
+    """One picture and a question through a vision engine and a runner, decoded (None on ranks other than 0)."""
+    return chat.ask(runner, visual_encoder, tokenizer, [image], question, max_new_tokens=max_new_tokens)[0]
 
 
 def run_gpu_steps(checkpoint, image, question: str, workdir, max_new_tokens: int = 64, log=print) -> str:

@@ -1,12 +1,10 @@
-"""Engine, numba decode kernel — a CPU's one-row decode step, every layer in one compiled call.
+"""Decode back end "numba": a CPU's one-row decode step, every layer in one compiled call.
 
-On a CPU a batch-1 decode step of a small model spends more time dispatching its ~80 small PyTorch ops (each a few
-microseconds) than reading the layers' weights, and each op reads its weights cold, after the output layer's stream
-has evicted them. `decode_row` runs all the layers for one row as one compiled loop nest: RMSNorm, the fused qkv
+On a CPU a batch-1 decode step of a small model spends more time dispatching ~80 small PyTorch ops than reading the
+layers' weights. `decode_row` runs all the layers for one row as one compiled loop nest: RMSNorm, the fused qkv
 product, RoPE, the KV-cache write, attention over the row's keys, the attention projection and the gated MLP, the
-residual adds, and the final norm; the output layer stays a PyTorch product (MKL streams it at the probe's speed).
-Float32 only (numba has no bfloat16). `RowDecoder` stacks the layers' weights into [layers, …] tensors that the
-engine's layers keep as views, so nothing is held twice.
+residual adds, and the final norm; the output layer stays a PyTorch product. Float32 only (numba has no bfloat16).
+Steps of more than one row (batches, beams) run the "torch" back end.
 """
 
 import math
@@ -14,6 +12,8 @@ import math
 import numba
 import numpy as np
 import torch
+
+from .torch_ops import TorchDecode
 
 LAYER_WEIGHTS = ("ln_1", "qkv_t", "qkv_b", "dense_t", "ln_2", "gate_fc_t", "proj_t")  # EngineLayer's, in this order
 
@@ -106,7 +106,8 @@ class RowDecoder:
     def __init__(self, engine):
         if engine.device.type != "cpu" or engine.dtype != torch.float32:
             raise ValueError(f"the numba decode kernel runs float32 engines on a CPU, not {engine.dtype} on "
-                             f"{engine.device.type}: build the engine with dtype float32, or pass numba_decode=False")
+                             f"{engine.device.type}: build the engine with dtype float32, or choose another "
+                             "decode_backend")
         first, layers = engine.layers[0], len(engine.layers)
         stacked = {name: torch.empty(layers, *getattr(first, name).shape, dtype=engine.dtype) for name in LAYER_WEIGHTS}
         for i, layer in enumerate(engine.layers):  # one layer at a time: its own tensors are freed as it goes
@@ -115,7 +116,9 @@ class RowDecoder:
         self.layer_weights = [stacked[name].numpy() for name in LAYER_WEIGHTS]  # [layers, …] each
         self.embedding, self.ln_f = engine.vocab_embedding.numpy(), engine.ln_f.numpy()
         self.kv_cache = engine.kv_cache.numpy()  # [layers, 2, rows, heads, S, hd]: written in place
-        self.cos, self.sin_signed = engine.cos.numpy(), engine.sin_signed.numpy()  # [S, hd]
+        half = engine.head_dim // 2
+        self.cos = engine.cos.numpy()  # [S, hd]
+        self.sin_signed = torch.cat([-engine.sin[:, :half], engine.sin[:, half:]], dim=-1).numpy()  # [S, hd]
         self.eps, self.heads = engine.eps, engine.heads
 
     def __call__(self, token: int, at: int, kv_len: int) -> torch.Tensor:
@@ -123,3 +126,19 @@ class RowDecoder:
         x = self.embedding[token].copy()  # [H]: the residual stream
         return torch.from_numpy(decode_row(x, *self.layer_weights, self.ln_f, self.kv_cache, self.cos, self.sin_signed,
                                            at, kv_len, self.eps, self.heads))[None]
+
+
+class NumbaDecode(TorchDecode):
+    """One-row steps through `decode_row`, steps of several rows through the "torch" back end."""
+
+    name = "numba"
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.row_decoder = RowDecoder(engine)
+
+    def __call__(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """ids [n] at positions pos [n]: logits [n, V]."""
+        if ids.shape[0] != 1:
+            return super().__call__(ids, pos, kv_len)
+        return (self.row_decoder(int(ids[0]), int(pos[0]), kv_len) @ self.engine.lm_head_t).float()  # [1, V]

@@ -1,34 +1,19 @@
-"""Engine, Triton decode kernels — the decode step's matrix-vector products with their neighbours fused in.
+"""Decode back end "triton", its products — the decode step's matrix-vector products with their neighbours fused in.
 
-At decode time each weight matrix is read once per step for a handful of rows, so a layer costs what it
-takes to stream its weights; every separate small kernel around it (residual add, SwiGLU) adds a launch and a
-round trip of the activations. `fused_linear` streams W [N, K] once and finishes in the same kernel: the bias,
-Qwen's gated MLP `gate · silu(fc)`, or adding the product straight into the float32 residual stream (split over
-K across programs, with atomic adds: more programs for short outputs). `rms_norm` reads the residual stream once
-per norm (RoPE and the KV-cache write live in triton_attention). Rows (the batch, at most 16) go through tl.dot;
-the same kernels run on a CPU through Triton's interpreter (TRITON_INTERPRET=1, tests).
-
-Measured on an H200 (fp16, Qwen-VL-Chat's shapes, batch 1), and left out: the RMSNorm folded into the products
-ran at a third of the bandwidth (rows normalised before tl.dot) or at half (the float32 residual stream through
-tf32, the product scaled afterwards); written by the last program of the product that adds into the residual
-stream (a ticket counter, no kernel of its own) it saved nothing (4.04 ms a step against 4.02 with the same tile
-shapes), so the norm is its own small kernel. RoPE and the cache write inside the qkv product made the decode step
-slower (68.4 % against 74.1 % of the bandwidth limit). Prefetching the next weights into L2 during the small
-kernels (PTX prefetch.global.L2 per line, or cp.async.bulk.prefetch.L2) slowed the step (4.24 and 5.13 ms
-against 4.02). Programmatic dependent launch, each product loading its first weight tile before gdc_wait, slowed the
-step's products alone from 3.58 to 4.91 ms (3.69 ms with that first tile but without PDL); two dependent products in
-one persistent kernel with a grid-wide barrier were no faster than two launches (1.72 against 1.66 ms for 32 pairs).
-Measured later (README, engine section): the norm's sum of squares added up inside the loop costs far more than its
-arithmetic (qkv 72.6-85.0 µs against 25.4); as a second tl.dot (x @ x.T) it is free in the gated MLP's product but
-not in qkv or lm_head; with no norm kernels at all (weights folded into W, producers writing the float16 copy and
-the squares) the step gained 0.65 %, the producers streaming 1.8-1.9 µs slower each.
+At decode time each weight matrix is read once per step for a handful of rows, so a layer costs what it takes to
+stream its weights, and every separate small kernel around it (residual add, SwiGLU) adds a launch and a round trip
+of the activations. `fused_linear` streams W [N, K] once and finishes in the same kernel: the bias, Qwen's gated MLP
+`gate · silu(fc)`, or adding the product straight into the float32 residual stream (split over K across programs,
+with atomic adds, so short outputs still get many programs). `rms_norm` reads the residual stream once per norm.
+Rows (the batch, at most MAX_ROWS) go through tl.dot. On a CPU the same kernels run through Triton's interpreter
+(TRITON_INTERPRET=1: tests only). docs/performance-log.md records the alternatives that were measured.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # one tile of rows: decode batches are at most this (the engine's max_batch_size × beams)
+from . import TRITON_MAX_ROWS as MAX_ROWS  # one tile of rows: decode batches are at most this
 # tile shapes tried once per shape on a GPU (and split-K when the product is added into the residual stream);
 # the interpreter takes the first
 CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": s}, num_warps=w, num_stages=st)

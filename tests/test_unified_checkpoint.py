@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from qwenvl_lab.checkpoint import CheckpointError, read_state_dict
 from qwenvl_lab.layout import trtllm_name
 from qwenvl_lab.modeling import QWenVLConfig, apply_rope, rope_cos_sin
-from qwenvl_lab.trtllm.convert import (
+from qwenvl_lab.unified_checkpoint import (
     convert_to_trtllm_checkpoint, load_trtllm_checkpoint, read_trtllm_config, shard, trtllm_config, unshard,
 )
 

@@ -1,4 +1,7 @@
-"""Step 9 — Qwen-VL-Chat's language model as a TensorRT-LLM checkpoint (config.json + rank{N}.safetensors), and back."""
+"""Qwen-VL-Chat's language model as a TensorRT-LLM unified checkpoint (config.json + rank{N}.safetensors), and back.
+
+The format `trtllm-build` reads, and the layout the package's own engine keeps its language model in.
+"""
 
 import json
 from pathlib import Path
@@ -7,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import CheckpointError, check_state_dict, load_config
-from ..layout import hf_name, is_visual, to_trtllm_names
-from ..modeling import QWenLMHeadModel, QWenVLConfig
-from ..prompt_table import DTYPES, to_torch_dtype
-from ..tokenizing import IMAGE_START_ID
-from ..vision import VisionTransformer
-from ..checkpoint import iter_weights, load_visual_tower
+from .checkpoint import check_state_dict, iter_weights, load_config, load_visual_tower
+from .files import CheckpointError, field, read_json
+from .layout import hf_name, is_visual, to_trtllm_names
+from .modeling import QWenLMHeadModel, QWenVLConfig
+from .prompt_table import DTYPES, to_torch_dtype
+from .tokenizing import IMAGE_START_ID
+from .vision import VisionTransformer
 
 # how each tensor-parallel weight is cut (TensorRT-LLM 1.2.x QWen: ColumnLinear splits outputs, RowLinear inputs)
 QKV = "qkv"  # [3·heads·d, …]: Q, K and V each split per head
@@ -133,23 +136,27 @@ def read_trtllm_config(checkpoint_dir) -> dict:
     """config.json of a TensorRT-LLM QWen checkpoint, checked to be one this package can read back."""
     checkpoint_dir = Path(checkpoint_dir)
     config_file = checkpoint_dir / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(
-            f"{str(config_file)!r} not found; point at a directory written by convert_to_trtllm_checkpoint"
-        )
-    config = json.loads(config_file.read_text())
+    fix = "point at a directory written by convert_to_trtllm_checkpoint (convert the checkpoint again)"
+    config = read_json(config_file, fix)
     if config.get("architecture") != "QWenForCausalLM" or config.get("qwen_type") != "qwen":
         raise CheckpointError(
             f"{checkpoint_dir} is not a Qwen (v1) TensorRT-LLM checkpoint: architecture "
             f"{config.get('architecture')!r}, qwen_type {config.get('qwen_type')!r}"
         )
-    mapping = config.get("mapping", {})
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_size",
+                "intermediate_size", "max_position_embeddings", "seq_length"):
+        field(config, key, "int", config_file, fix)
+    for key in ("norm_epsilon", "rotary_base"):
+        field(config, key, "positive", config_file, fix)
+    if not isinstance(config.get("dtype"), str) or config["dtype"] not in DTYPES:
+        raise CheckpointError(f"{config_file}: 'dtype' must be one of {sorted(DTYPES)}, found {config.get('dtype')!r}")
+    mapping = field(config, "mapping", "dict", config_file, fix)
+    tp_size = field(mapping, "tp_size", "int", f"{config_file} (mapping)", fix)
     if mapping.get("pp_size", 1) != 1 or (config.get("quantization") or {}).get("quant_algo") is not None:
         raise CheckpointError(f"{checkpoint_dir}: only unquantized checkpoints without pipeline parallelism are read")
-    missing = [f"rank{r}.safetensors" for r in range(mapping.get("tp_size", 1))
-               if not (checkpoint_dir / f"rank{r}.safetensors").is_file()]
+    missing = [f"rank{r}.safetensors" for r in range(tp_size) if not (checkpoint_dir / f"rank{r}.safetensors").is_file()]
     if missing:
-        raise CheckpointError(f"{checkpoint_dir} lacks {missing} for tp_size {mapping.get('tp_size', 1)}")
+        raise CheckpointError(f"{checkpoint_dir} lacks {missing} for tp_size {tp_size}")
     return config
 
 

@@ -1,14 +1,10 @@
-"""Engine, Triton decode attention — one new query per row against its KV cache, split over the keys, in one kernel.
+"""Decode back end "triton", its attention — one new query per row against its KV cache, split over the keys.
 
-At decode time a row's query meets at most max_seq_len cached keys per head: too little work for one program
-per head to keep the memory busy, so the keys are cut into chunks of CHUNK ("flash decoding"). Each program
-rotates the row's q and k (RoPE), writes k and v into the cache if its chunk holds the row's position, scores
-its chunk and keeps a partial softmax (its maximum, its sum and the weighted values); the head's last program to
-finish (a ticket counter) merges them. Keys after a row's position are masked by the position itself, so no mask
-tensor is built. Against separate RoPE and merge kernels this is two launches fewer a layer: on an H200 (batch 1,
-400 cached keys, the same product tiles) a decode step took 3.97 ms against 4.02. Measured and left out: the whole
-of it inside the qkv product's kernel (its programs waiting on counters the product raises), 4.05-4.32 ms against
-3.97; the cached keys loaded before the row's position is known, no change.
+At decode time a row's query meets at most max_seq_len cached keys per head: too little work for one program per
+head to keep the memory busy, so the keys are cut into chunks of CHUNK ("flash decoding"). Each program rotates the
+row's q and k (RoPE), writes k and v into the cache if its chunk holds the row's position, scores its chunk and keeps
+a partial softmax (its maximum, its sum and the weighted values); the head's last program to finish (a ticket
+counter) merges them. Keys after a row's position are masked by the position itself, so no mask tensor is built.
 """
 
 import torch

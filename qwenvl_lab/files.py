@@ -1,0 +1,44 @@
+"""Files — reading the package's JSON configs with errors that name the file, the key and what to do."""
+
+import json
+import math
+from pathlib import Path
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or engine directory that cannot be read as what it claims to be (the message names the file)."""
+
+
+def read_json(path, fix: str) -> dict:
+    """The JSON object in file `path`; a missing file, invalid JSON or a non-object is refused, naming `fix`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} not found; {fix}")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); {fix}") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                              f"{fix}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, found {type(value).__name__}; {fix}")
+    return value
+
+
+def field(config: dict, key: str, kind: str, where, fix: str):
+    """config[key] checked to be of `kind`: "int" (>= 1), "count" (>= 0), "positive" (a finite number > 0), "str",
+    "bool" or "dict"; a missing key or a value of the wrong type is refused, naming the key and `where` (a file)."""
+    if key not in config:
+        raise CheckpointError(f"{where} has no {key!r}; {fix}")
+    value = config[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+          "count": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+          "positive": number and math.isfinite(value) and value > 0,
+          "str": isinstance(value, str), "bool": isinstance(value, bool), "dict": isinstance(value, dict)}[kind]
+    if not ok:
+        wanted = {"int": "a positive integer", "count": "an integer >= 0", "positive": "a finite number > 0",
+                  "str": "a string", "bool": "true or false", "dict": "an object"}[kind]
+        raise CheckpointError(f"{where}: {key!r} must be {wanted}, found {value!r} ({type(value).__name__}); {fix}")
+    return value

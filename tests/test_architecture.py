@@ -1,0 +1,105 @@
+"""The package's imports flow one way: each module imports only from the layers below it (docs/architecture.md)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
+
+# lowest first; a module imports from lower layers and, inside a subpackage, from its own subpackage (without cycles)
+LAYERS = [
+    ["files", "resources"],
+    ["tokenizing"],
+    ["img_pos"],
+    ["fake_ids"],
+    ["prompt_table"],
+    ["vision", "injection", "layout"],
+    ["modeling", "grounding"],
+    ["checkpoint"],
+    ["unified_checkpoint", "limits"],
+    ["requests"],
+    ["chat"],
+    ["engine"],
+    ["trtllm"],
+    ["toy"],
+    ["widgets"],
+    ["bench", "doctor"],
+    ["cli"],
+]
+LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
+
+
+def module_name(path: Path) -> str:
+    """'engine.decode.torch_ops' for qwenvl_lab/engine/decode/torch_ops.py ('engine' for its __init__.py)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+FILES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "__init__.py"}
+
+
+def resolve(dotted: str):
+    """The package module that `dotted` (relative to qwenvl_lab) names or lies in, or None outside the package."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in FILES:
+            return ".".join(parts[:n])
+    return None
+
+
+def imports_of(path: Path) -> set[str]:
+    """The package modules a file imports, anywhere in the file (inside functions too)."""
+    package = module_name(path).split(".")[: None if path.name == "__init__.py" else -1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.removeprefix("qwenvl_lab.") for alias in node.names
+                      if alias.name.startswith("qwenvl_lab.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("qwenvl_lab"):
+                base = node.module.removeprefix("qwenvl_lab").lstrip(".")
+            else:
+                continue
+            found |= {f"{base}.{alias.name}" if base else alias.name for alias in node.names}
+    return {module for module in map(resolve, found) if module is not None}
+
+
+MODULES = {name: imports_of(path) for name, path in FILES.items()}
+
+
+def test_every_module_has_a_layer():
+    assert sorted({m.split(".")[0] for m in MODULES} - set(LAYER)) == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers(module):
+    top = module.split(".")[0]
+    upward = [name for name in MODULES[module] if name.split(".")[0] != top and LAYER[name.split(".")[0]] >= LAYER[top]]
+    assert upward == [], f"{module} imports {upward}, which are not below it (layer order in docs/architecture.md)"
+
+
+def test_no_import_cycle():
+    graph = {m: {i for i in imports if i in MODULES and i != m} for m, imports in MODULES.items()}
+    state = {}
+
+    def visit(module, path):
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "active", f"import cycle: {' -> '.join(path + [module])}"
+        state[module] = "active"
+        for target in sorted(graph[module]):
+            visit(target, path + [module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):
+    """imports_of reads what a module really imports (a broken checker would let every test above pass)."""
+    assert "chat" in MODULES["engine.infer"] and "engine.build" in MODULES["engine.infer"]
+    assert "unified_checkpoint" in MODULES["trtllm.pipeline"]  # imported inside a function
+    assert "engine.decode.torch_ops" in MODULES["engine.decode.numba_step"]
