@@ -8,6 +8,7 @@ import importlib
 
 _EXPORTS = {
     "tokenizing": ("Query", "QWenTokenizer", "decode_image_path", "load_tokenizer", "make_context", "vocab_file_path"),
+    "grounding": ("Box", "box_answer", "draw_boxes", "iou", "parse_boxes", "to_list_format"),
     "img_pos": ("locate_img_pos",),
     "fake_ids": ("make_fake_prompt_ids", "replace_image_spans"),
     "prompt_table": ("ptuning_setup", "prompt_tuning_embedding", "single_table_batch", "per_request_tables",

@@ -1,20 +1,27 @@
 """Tests of the toy data: scenes, question/answer templates, determinism and the committed samples."""
 
+import hashlib
 import io
+import math
 import random
 import re
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from qwenvl_lab.grounding import box_answer, parse_boxes, to_pixels
+from qwenvl_lab.grounding import to_list_format as read_list_format
+from qwenvl_lab.tokenizing import BOX_END_ID, BOX_START_ID, ENDOFTEXT_ID, REF_END_ID, REF_START_ID, Query
 from qwenvl_lab.toy import make_samples
 from qwenvl_lab.toy.shapes import (
-    COLOR_RGB, COLORS, KINDS, LANGS, QUESTION_KINDS, Example, Scene, Shape, answer_matches, color_of, count,
-    describe, make_dataset, make_example, question, random_scene, to_list_format, which_picture,
+    ALL_QUESTION_KINDS, COLOR_RGB, COLORS, GROUNDING_KINDS, KINDS, LANGS, QUESTION_KINDS, Example, Scene, Shape,
+    answer_matches, color_of, count, describe, grounding_score, iou, make_dataset, make_example, question,
+    random_scene, shape_name, to_list_format, where_is, which_picture,
 )
 
 DATA_IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -32,6 +39,9 @@ COUNTS = {"en": ["One.", "Two.", "Three."], "zh": ["一个。", "两个。", "�
 PICTURE = {"en": ["Picture 1.", "Picture 2."], "zh": ["第一张图片。", "第二张图片。"]}
 
 DATASET = make_dataset(seed=7, n=480)  # 60 of each (question kind, language)
+WHERE = make_dataset(seed=5, n=120, kinds=GROUNDING_KINDS)  # 60 in each language
+EN_WHERE = r"<ref>the (red|green|blue|yellow) (circle|square|triangle)</ref><box>\((\d+),(\d+)\),\((\d+),(\d+)\)</box>"
+ZH_WHERE = r"<ref>(红色|绿色|蓝色|黄色)的(圆形|正方形|三角形)</ref><box>\((\d+),(\d+)\),\((\d+),(\d+)\)</box>"
 
 
 def _to_en(word):
@@ -72,8 +82,9 @@ def test_dataset_is_deterministic_down_to_the_pixels():
 
 
 def test_dataset_does_not_depend_on_the_hash_seed():
-    code = ("from qwenvl_lab.toy.shapes import make_dataset;"
-            "print(repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40)]))")
+    code = ("from qwenvl_lab.toy.shapes import ALL_QUESTION_KINDS, make_dataset;"
+            "print(repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40)]),"
+            " repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40, kinds=ALL_QUESTION_KINDS)]))")
     outputs = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=Path(__file__).resolve().parents[1]).stdout
@@ -89,6 +100,16 @@ def test_dataset_cycles_through_every_kind_and_language():
     only = make_dataset(seed=1, n=10, kinds=("count",), langs=("zh",))
     assert {(e.kind, e.lang) for e in only} == {("count", "zh")}
     assert make_dataset(seed=1, n=0) == []
+
+
+def test_the_default_dataset_has_no_grounding_questions_and_stays_as_it_was():
+    assert "where" not in {e.kind for e in DATASET} and make_dataset(7, 48, kinds=QUESTION_KINDS) == DATASET[:48]
+    # the default questions the shipped toy model is evaluated on, exactly as they are without grounding kinds
+    assert hashlib.sha256(repr(DATASET).encode()).hexdigest() == (
+        "eed9d9da46ad12cbf2fce13a7303dafc6c0e925b77274c6e811c89baaa4ec9a9")
+    mixed = make_dataset(seed=4, n=10, kinds=ALL_QUESTION_KINDS)
+    assert [e.kind for e in mixed] == ["what", "color", "count", "which", "where"] * 2
+    assert mixed == make_dataset(seed=4, n=10, kinds=ALL_QUESTION_KINDS)
 
 
 def test_what_answers_follow_the_template_left_to_right():
@@ -254,8 +275,8 @@ def test_bad_input_gets_a_clear_error():
         make_example(random.Random(0), "why", "en")
     with pytest.raises(TypeError, match="single string"):
         make_dataset(0, 4, kinds="what")
-    with pytest.raises(ValueError, match="unknown kind 'where'"):
-        make_dataset(0, 4, kinds=("what", "where"))
+    with pytest.raises(ValueError, match="unknown kind 'why'"):
+        make_dataset(0, 4, kinds=("what", "why"))
     with pytest.raises(ValueError, match="n must be"):
         make_dataset(0, -1)
     with pytest.raises(TypeError, match="Scene"):
@@ -286,3 +307,118 @@ def test_make_samples_output_matches_the_committed_files(tmp_path):
     for name in make_samples.SAMPLES:
         assert f"## {name}" in readme
     assert "| Which picture has a blue square? | Picture 2. |" in readme
+
+
+# grounding: "where" questions
+
+def _round_half_up(value: Fraction) -> int:
+    return math.floor(value + Fraction(1, 2))
+
+
+def _asked(example):
+    """(color, kind) named in a 'where' question, in English words."""
+    pattern = (r"Where is the (red|green|blue|yellow) (circle|square|triangle)\?" if example.lang == "en"
+               else r"框出图中(红色|绿色|蓝色|黄色)的(圆形|正方形|三角形)")
+    return tuple(_to_en(w) for w in re.fullmatch(pattern, example.question).groups())
+
+
+def test_where_questions_name_a_shape_that_appears_once_and_answer_with_its_name_and_box():
+    assert {e.lang for e in WHERE} == set(LANGS) and {e.kind for e in WHERE} == {"where"}
+    for e in WHERE:
+        color, kind = _asked(e)
+        assert [(s.color, s.kind) for s in e.images[0].shapes].count((color, kind)) == 1
+        assert isinstance(e.answer, Query)
+        m = re.fullmatch(EN_WHERE if e.lang == "en" else ZH_WHERE, str(e.answer))
+        assert m, str(e.answer)
+        assert tuple(_to_en(w) for w in m.groups()[:2]) == (color, kind)
+    assert {_asked(e) for e in WHERE} >= {("red", "circle"), ("blue", "square"), ("green", "triangle")}
+
+
+def test_where_boxes_are_the_edges_of_the_painted_pixels():
+    for e in WHERE:
+        color, kind = _asked(e)
+        [shape] = [s for s in e.images[0].shapes if (s.color, s.kind) == (color, kind)]
+        alone = np.array(Scene((shape,), background=(0, 0, 0) if shape.fill != (0, 0, 0) else (1, 1, 1)).render())
+        ys, xs = np.nonzero((alone == shape.fill).all(axis=-1))
+        painted = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)  # pixel edges: right and bottom exclusive
+        grid = tuple(_round_half_up(Fraction(v * 1000, 224)) for v in painted)
+        [element] = read_list_format(e.answer)
+        assert element["box"] == [grid]
+        [box] = parse_boxes(e.answer, picture=e.pictures()[0])
+        assert box.pixels == painted and box.label == element["ref"]
+
+
+def test_grid_boxes_map_back_to_the_painted_pixels_at_any_size():
+    rng = random.Random(3)
+    shapes = [s for _ in range(40) for s in random_scene(rng).shapes] + [Shape("square", "red", (0.5, 0.5, 1.0, 1.0))]
+    for size in (16, 17, 37, 100, 224, 448, 1000):
+        for s in shapes:
+            left, top, right, bottom = s.pixel_box(size)
+            expected = (left, top, min(right + 1, size), min(bottom + 1, size))
+            assert to_pixels(s.grid_box(size), (size, size)) == expected
+            assert all(0 <= v <= 1000 for v in s.grid_box(size))
+
+
+def test_where_answers_encode_to_the_special_ids(tokenizer):
+    for e in WHERE[:20]:
+        ids = tokenizer.encode(e.answer)
+        assert [i for i in ids if i >= ENDOFTEXT_ID] == [REF_START_ID, REF_END_ID, BOX_START_ID, BOX_END_ID]
+        assert ids[0] == REF_START_ID and ids[-1] == BOX_END_ID
+        assert tokenizer.decode(ids) == str(e.answer)
+        assert read_list_format(ids, tokenizer) == read_list_format(e.answer)
+        # typed as plain text the same characters hold no special id
+        assert all(i < ENDOFTEXT_ID for i in tokenizer.encode(str(e.answer)))
+
+
+def test_fixed_where_answers_match_the_spec_in_both_languages():
+    # red circle (0.3, 0.3, 0.7, 0.7) at 224 px: pixels 67 … 156 painted, edges 67 and 157: 67000/224 = 299.1,
+    # 157000/224 = 700.9
+    red = make_samples.SAMPLES["red_circle.png"]
+    assert str(where_is(red, "red", "circle", "en")) == "<ref>the red circle</ref><box>(299,299),(701,701)</box>"
+    assert str(where_is(red, "red", "circle", "zh")) == "<ref>红色的圆形</ref><box>(299,299),(701,701)</box>"
+    # blue square (0.38, 0.6, 0.65, 0.87): left 85, top 134, side 60 px → edges 85, 134, 145, 194
+    three = make_samples.SAMPLES["three_shapes.png"]
+    assert str(where_is(three, "blue", "square", "en")) == "<ref>the blue square</ref><box>(379,598),(647,866)</box>"
+    assert question("where", "en", shape="circle", color="red") == "Where is the red circle?"
+    assert question("where", "zh", shape="circle", color="red") == "框出图中红色的圆形"
+    assert (shape_name("green", "triangle", "en"), shape_name("green", "triangle", "zh")) == ("the green triangle",
+                                                                                           "绿色的三角形")
+    twins = Scene((Shape("circle", "red", (0.1, 0.1, 0.4, 0.4)), Shape("circle", "red", (0.6, 0.6, 0.9, 0.9))))
+    with pytest.raises(ValueError, match="2 red circle.*exactly once"):
+        where_is(twins, "red", "circle")
+    with pytest.raises(ValueError, match="0 blue circle"):
+        where_is(twins, "blue", "circle")
+    with pytest.raises(ValueError, match="needs color"):
+        question("where", "en", shape="circle")
+
+
+def test_grounding_score(tokenizer):
+    e = next(e for e in WHERE if e.lang == "en")
+    [truth] = read_list_format(e.answer)
+    x1, y1, x2, y2 = truth["box"][0]
+    perfect = {"well_formed": True, "right_shape": True, "iou": 1.0}
+    assert grounding_score(str(e.answer), e) == perfect
+    assert grounding_score(f" {tokenizer.decode(tokenizer.encode(e.answer))}\n", e) == perfect
+    other = next(n for n in (shape_name(c, k) for c in COLORS for k in KINDS) if n != truth["ref"])
+    assert grounding_score(str(box_answer(other, (x1, y1, x2, y2))), e) == {"well_formed": True, "right_shape": False,
+                                                                           "iou": 1.0}
+    d = (x2 - x1) // 4
+    shifted = grounding_score(str(box_answer(truth["ref"], (x1 + d, y1, x2 + d, y2))), e)
+    w, h = x2 - x1, y2 - y1
+    assert shifted["right_shape"] and shifted["iou"] == pytest.approx((w - d) * h / (2 * w * h - (w - d) * h))
+    assert shifted["iou"] == pytest.approx(iou((x1 + d, y1, x2 + d, y2), (x1, y1, x2, y2))) and 0.5 < shifted["iou"] < 1
+    box_text = f"({x1},{y1}),({x2},{y2})"
+    for bad in (tokenizer.decode(tokenizer.encode(e.answer), skip_special_tokens=True),  # the tags dropped
+                f"<ref>{truth['ref']}</ref>", f"<box>{box_text}</box>",
+                f"It is <ref>{truth['ref']}</ref><box>{box_text}</box>",
+                f"<ref>{truth['ref']}</ref><box>{box_text}</box><box>{box_text}</box>",
+                f"<ref>{truth['ref']}</ref><box>({x2},{y1}),({x1},{y2})</box>",
+                f"<ref>{truth['ref']}<box>{box_text}</box>",
+                f"<ref>{truth['ref']}</ref><box>({x1},{y1}),({x2},1200)</box>", ""):
+        assert grounding_score(bad, e) == {"well_formed": False, "right_shape": False, "iou": 0.0}, bad
+    zh = next(e for e in WHERE if e.lang == "zh")
+    assert grounding_score(str(zh.answer), zh) == perfect
+    with pytest.raises(ValueError, match="'where' examples"):
+        grounding_score("Red.", DATASET[1])
+    with pytest.raises(TypeError, match="answer text"):
+        grounding_score(tokenizer.encode(e.answer), e)

@@ -9,9 +9,14 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
+from ..grounding import box_answer, iou, to_grid, to_list_format as read_list_format
+from ..tokenizing import Query
+
 COLORS = ("red", "green", "blue", "yellow")
 KINDS = ("circle", "square", "triangle")
-QUESTION_KINDS = ("what", "color", "count", "which")
+QUESTION_KINDS = ("what", "color", "count", "which")  # make_dataset's default kinds
+GROUNDING_KINDS = ("where",)  # answered with <ref>…</ref><box>…</box>: asked only when make_dataset's kinds name them
+ALL_QUESTION_KINDS = QUESTION_KINDS + GROUNDING_KINDS
 LANGS = ("en", "zh")
 
 # Nominal fill of each colour; random scenes shift every channel by up to COLOR_JITTER
@@ -52,12 +57,14 @@ _QUESTIONS = {
         "color": "What color is the {shape}?",
         "count": "How many shapes are there?",
         "which": "Which picture has a {color} {shape}?",
+        "where": "Where is the {color} {shape}?",
     },
     "zh": {
         "what": "图片里是什么？",
         "color": "{shape}是什么颜色？",
         "count": "图片里有几个图形？",
         "which": "哪张图片里有{color}的{shape}？",
+        "where": "框出图中{color}的{shape}",
     },
 }
 _PICTURES = {"en": ("Picture 1.", "Picture 2."), "zh": ("第一张图片。", "第二张图片。")}
@@ -67,6 +74,12 @@ def _check_choice(value, allowed, what):
     """Raise a ValueError unless `value` is one of `allowed`."""
     if value not in allowed:
         raise ValueError(f"unknown {what} {value!r}: use one of {allowed}")
+
+
+def _check_size(size):
+    """Raise a ValueError unless `size` (pixels of a square picture) is an int >= 16."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 16:
+        raise ValueError(f"size must be an int >= 16 pixels, got {size!r}")
 
 
 def _check_rgb(rgb, what):
@@ -111,6 +124,18 @@ class Shape:
         left, top, right, bottom = self.box
         return ((left + right) / 2, (top + bottom) / 2)
 
+    def pixel_box(self, size: int = PICTURE_SIZE) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) of the pixels render(size) paints for the shape, right and bottom included."""
+        _check_size(size)
+        left, top = round(self.box[0] * size), round(self.box[1] * size)
+        last = round((self.box[2] - self.box[0]) * size) - 1  # side in pixels, minus one
+        return left, top, left + last, top + last
+
+    def grid_box(self, size: int = PICTURE_SIZE) -> tuple[int, int, int, int]:
+        """The shape's box on Qwen-VL's 0–1000 grid of the size×size picture: the edges of its painted pixels."""
+        left, top, right, bottom = self.pixel_box(size)
+        return to_grid((left, top, min(right + 1, size), min(bottom + 1, size)), (size, size))
+
 
 def _separated(a: Shape, b: Shape) -> bool:
     """True when two shapes keep MIN_GAP between their boxes and MIN_CENTER_GAP between their centres."""
@@ -149,14 +174,11 @@ class Scene:
 
     def render(self, size: int = PICTURE_SIZE) -> Image.Image:
         """Draw the scene as a size×size RGB picture (deterministic, no anti-aliasing)."""
-        if not isinstance(size, int) or isinstance(size, bool) or size < 16:
-            raise ValueError(f"size must be an int >= 16 pixels, got {size!r}")
+        _check_size(size)
         image = Image.new("RGB", (size, size), self.background)
         draw = ImageDraw.Draw(image)
         for shape in self.shapes:
-            left, top = round(shape.box[0] * size), round(shape.box[1] * size)
-            last = round((shape.box[2] - shape.box[0]) * size) - 1  # side in pixels, minus one
-            right, bottom = left + last, top + last
+            left, top, right, bottom = shape.pixel_box(size)
             if shape.kind == "circle":
                 draw.ellipse((left, top, right, bottom), fill=shape.fill)
             elif shape.kind == "square":
@@ -278,9 +300,28 @@ def which_picture(scenes, color: str, kind: str, lang: str = "en") -> str:
     return _PICTURES[lang][having[0]]
 
 
+def shape_name(color: str, kind: str, lang: str = "en") -> str:
+    """'the red circle' / '红色的圆形': the <ref> text of a grounding answer."""
+    _check_choice(color, COLORS, "color")
+    _check_choice(kind, KINDS, "shape kind")
+    _check_lang(lang)
+    words = _WORDS[lang]
+    return f"the {words[color]} {words[kind]}" if lang == "en" else f"{words[color]}的{words[kind]}"
+
+
+def where_is(scene: Scene, color: str, kind: str, lang: str = "en", size: int = PICTURE_SIZE) -> Query:
+    """Answer to 'Where is the <color> <kind>?': `<ref>name</ref><box>(x1,y1),(x2,y2)</box>` as a Query."""
+    name = shape_name(color, kind, lang)
+    matches = [s for s in scene.shapes if (s.color, s.kind) == (color, kind)]
+    if len(matches) != 1:
+        raise ValueError(f"the picture has {len(matches)} {color} {kind}(s); a 'where' question needs one that "
+                         "appears exactly once")
+    return box_answer(name, matches[0].grid_box(size))
+
+
 def question(kind: str, lang: str = "en", *, shape: str | None = None, color: str | None = None) -> str:
-    """The question text of a question kind; 'color' needs `shape`, 'which' needs `shape` and `color`."""
-    _check_choice(kind, QUESTION_KINDS, "question kind")
+    """The question text of a question kind; 'color' needs `shape`, 'which' and 'where' `shape` and `color`."""
+    _check_choice(kind, ALL_QUESTION_KINDS, "question kind")
     _check_lang(lang)
     template = _QUESTIONS[lang][kind]
     given = {"shape": shape, "color": color}
@@ -303,12 +344,12 @@ class Example:
 
     images: list[Scene]
     question: str
-    answer: str
+    answer: str  # a Query for 'where': its <ref>/<box> tags are special tokens
     kind: str
     lang: str
 
     def __post_init__(self):
-        _check_choice(self.kind, QUESTION_KINDS, "question kind")
+        _check_choice(self.kind, ALL_QUESTION_KINDS, "question kind")
         _check_lang(self.lang)
         if not self.images or not all(isinstance(s, Scene) for s in self.images):
             raise TypeError("Example.images must be a non-empty list of Scene objects")
@@ -321,7 +362,7 @@ class Example:
 def make_example(rng: random.Random, kind: str, lang: str) -> Example:
     """A random example of question kind `kind` in language `lang`, drawn only from `rng`."""
     _check_rng(rng)
-    _check_choice(kind, QUESTION_KINDS, "question kind")
+    _check_choice(kind, ALL_QUESTION_KINDS, "question kind")
     _check_lang(lang)
     if kind == "what":
         scene = random_scene(rng)
@@ -338,6 +379,17 @@ def make_example(rng: random.Random, kind: str, lang: str) -> Example:
         scene, once = _draw(unique_kind_scene, "a scene with a shape kind that appears once")
         shape = rng.choice(once)
         return Example([scene], question("color", lang, shape=shape), color_of(scene, shape, lang), kind, lang)
+    if kind == "where":
+        def unique_shape_scene():
+            scene = random_scene(rng)
+            pairs = [(s.color, s.kind) for s in scene.shapes]
+            once = [p for p in pairs if pairs.count(p) == 1]  # scene order: reproducible
+            return (scene, once) if once else None
+
+        scene, once = _draw(unique_shape_scene, "a scene with a (colour, kind) that appears once")
+        color, shape = rng.choice(once)
+        answer = where_is(scene, color, shape, lang)
+        return Example([scene], question("where", lang, shape=shape, color=color), answer, kind, lang)
 
     def pair_with_a_difference():
         scenes = [random_scene(rng), random_scene(rng)]
@@ -352,12 +404,12 @@ def make_example(rng: random.Random, kind: str, lang: str) -> Example:
 
 
 def make_dataset(seed: int, n: int, kinds=QUESTION_KINDS, langs=LANGS) -> list[Example]:
-    """`n` examples cycling through every (kind, lang) pair, deterministic given `seed`."""
+    """`n` examples cycling through every (kind, lang) pair, deterministic given `seed` (kinds: ALL_QUESTION_KINDS)."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
-    for values, allowed, what in ((kinds, QUESTION_KINDS, "kinds"), (langs, LANGS, "langs")):
+    for values, allowed, what in ((kinds, ALL_QUESTION_KINDS, "kinds"), (langs, LANGS, "langs")):
         if isinstance(values, str):
             raise TypeError(f"{what} must be a tuple of names such as {allowed[:1]}, not a single string")
         if not values:
@@ -387,3 +439,23 @@ def answer_matches(pred: str, example: Example) -> bool:
     if not isinstance(pred, str):
         raise TypeError(f"pred must be the decoded answer text (str), got {type(pred).__name__}")
     return pred.strip() == example.answer.strip()
+
+
+def grounding_score(pred: str, example: Example) -> dict:
+    """Score of a predicted 'where' answer (text with its tags): well_formed, right_shape, iou with the true box."""
+    if not isinstance(example, Example) or example.kind != "where":
+        raise ValueError("grounding_score scores 'where' examples (make_example(rng, 'where', lang))")
+    if not isinstance(pred, str):
+        raise TypeError(f"pred must be the answer text with its tags (tokenizer.decode(ids)), "
+                        f"got {type(pred).__name__}")
+    [truth] = read_list_format(example.answer)
+    try:
+        elements = read_list_format(pred.strip())
+    except ValueError:  # unclosed tags, box text that is not (x1,y1),(x2,y2) on the grid
+        elements = []
+    one = len(elements) == 1 and set(elements[0]) == {"ref", "box"} and len(elements[0]["box"]) == 1
+    x1, y1, x2, y2 = elements[0]["box"][0] if one else (0, 0, 0, 0)
+    if not one or x2 < x1 or y2 < y1:
+        return {"well_formed": False, "right_shape": False, "iou": 0.0}
+    return {"well_formed": True, "right_shape": elements[0]["ref"] == truth["ref"],
+            "iou": iou((x1, y1, x2, y2), truth["box"][0])}
