@@ -58,13 +58,13 @@ def find_course_notebook(course: Path, name: str) -> Path:
 
 
 def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | None]:
-    """Restore `mine`'s copy of course notebook `name`; the learner's copy moves to mine/backup/ first.
+    """Restore `mine`'s copy of course notebook `name`; a changed copy of the learner's moves to mine/backup/ first.
 
-    Returns (the restored copy, where the learner's copy went or None if there was none)."""
+    Returns (the restored copy, where the learner's copy went or None if there was none or it was unchanged)."""
     notebook = find_course_notebook(course, name)
     target = mine / notebook.name
     backup = None
-    if target.exists():
+    if target.exists() and target.read_bytes() != notebook.read_bytes():
         backup = mine / BACKUP_FOLDER / f"{notebook.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
         if backup.exists():
             raise FileExistsError(f"{backup} already exists; wait a second and reset again")

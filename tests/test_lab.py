@@ -53,9 +53,11 @@ def test_reset_restores_the_course_notebook_and_keeps_the_learners_copy(course):
     assert lab.reset_notebook(course / "notebooks", mine, "02_locating_img_pos.ipynb")[0].is_file()
 
 
-def test_reset_of_a_notebook_without_a_copy_has_no_backup(course):
+def test_reset_of_a_missing_or_unchanged_copy_makes_no_backup(course):
     restored, backup = lab.reset_notebook(course / "notebooks", course / "my-notebooks", "00_welcome")
     assert restored.is_file() and backup is None
+    assert lab.reset_notebook(course / "notebooks", course / "my-notebooks", "00_welcome") == (restored, None)
+    assert not (course / "my-notebooks" / "backup").exists()
 
 
 @pytest.mark.parametrize("name, problem", [("0", "3 course notebooks match '0'"), ("09", "no course notebook matches"),
