@@ -1,37 +1,115 @@
 # qwenvl-lab: `make lab` opens the course, `make test` runs every test (unit tests + notebooks).
-PYTHON ?= python3.11
+#
+#   make lab                 install the course into .venv, copy the notebooks into my-notebooks/, open JupyterLab
+#   make doctor              check the machine: Python, torch, vocabulary, toy model, JupyterLab, disk, memory, GPU
+#   make test                add the test tools, run the unit tests and the course notebooks (make unit, make notebooks)
+#   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
+#   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
+#   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
+#   make clean-all           also remove .venv and my-notebooks/ (your notebook copies)
+#
+# Settings (make lab VAR=value):
+#   PYTHON       the interpreter that creates .venv; default: the first of python3.13, python3.12, python3.11,
+#                python3.10, python3, python that is Python 3.10–3.13
+#   TORCH_INDEX  the PyTorch wheel index for Linux; default: the CPU builds (PyPI's Linux torch is a CUDA build of several
+#                GB). Its build (cpu, cu130, …) is first looked for among pip's own sources (pip.conf: find-links, a
+#                wheelhouse an instructor provides), then taken from the index. TORCH_INDEX= (empty) installs PyPI's
+#                build. macOS and Windows always use PyPI, whose wheels there are CPU builds.
+#   LAB_ARGS     more JupyterLab arguments, e.g. on a remote machine: make lab LAB_ARGS="--ip=0.0.0.0 --port=8888 --no-browser"
+#                (as root, --allow-root is added by itself)
+#
+# Without make (Windows): docs/install.md.
+
+PYTHON_CANDIDATES := python3.13 python3.12 python3.11 python3.10 python3 python
+PYTHON_OK := import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))
+PYTHON ?= $(firstword $(foreach p,$(PYTHON_CANDIDATES),$(shell $(p) -c '$(PYTHON_OK)' >/dev/null 2>&1 && echo $(p))))
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+LAB_ARGS ?=
+
 VENV := .venv
-PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+BIN := $(VENV)/$(if $(filter Windows_NT,$(OS)),Scripts,bin)
+PY := $(BIN)/python
+VENV_STAMP := $(VENV)/.created
+TORCH_STAMP := $(VENV)/.torch-$(TORCH_VERSION)
+COURSE_STAMP := $(VENV)/.course
+TEST_STAMP := $(VENV)/.test
+PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup test unit notebooks lab trtllm clean
+.PHONY: setup lab doctor reset test unit notebooks fuzz clean clean-all trtllm
 
-setup: $(STAMP)
+setup: $(COURSE_STAMP)
 
-$(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV_STAMP):
+	@if [ ! -x "$(PY)" ]; then \
+	    python="$(PYTHON)"; \
+	    if [ -z "$$python" ]; then \
+	        echo "error: no Python 3.10-3.13 found (tried $(PYTHON_CANDIDATES)); install one (python.org, brew, apt)" \
+	             "or name it: make $(or $(MAKECMDGOALS),setup) PYTHON=/path/to/python3.12" >&2; exit 1; \
+	    fi; \
+	    if ! "$$python" -c '$(PYTHON_OK)'; then \
+	        echo "error: PYTHON=$$python is not Python 3.10-3.13 ($$("$$python" --version 2>&1));" \
+	             "name another: make $(or $(MAKECMDGOALS),setup) PYTHON=/path/to/python3.12" >&2; exit 1; \
+	    fi; \
+	    echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV); \
+	fi
 	$(PY) -m pip install --quiet --upgrade pip
-	# CPU build of torch from the machine's disk (an unpinned torch pulls a multi-GB CUDA build)
-	$(PY) -m pip install --quiet torch==2.13.0
-	# the real Qwen vocabulary (qwen.tiktoken) ships inside dashscope; its own dependencies are not needed
-	$(PY) -m pip install --quiet --no-deps dashscope==2.0.2
+	touch $@
+
+$(TORCH_STAMP): $(VENV_STAMP)
+	@if [ "$$($(PY) -c 'import platform; print(platform.system(), platform.machine())')" = "Darwin x86_64" ]; then \
+	    echo "error: PyTorch has no builds for Intel Macs after 2.2 and the course needs torch $(TORCH_VERSION);" \
+	         "on an Apple-silicon Mac use an arm64 Python (not one under Rosetta), else a Linux machine or VM" >&2; \
+	    exit 1; \
+	fi
+	@if [ "$$(uname -s)" = Linux ] && [ -n "$(TORCH_INDEX)" ]; then \
+	    build="$(notdir $(TORCH_INDEX))"; \
+	    if $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$$build" 2>/dev/null; then \
+	        echo "torch $(TORCH_VERSION)+$$build from pip's own sources"; \
+	    else \
+	        echo "torch $(TORCH_VERSION)+$$build from $(TORCH_INDEX)"; \
+	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)"; \
+	    fi; \
+	else \
+	    echo "torch $(TORCH_VERSION) from PyPI"; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"; \
+	fi
+	touch $@
+
+$(COURSE_STAMP): $(TORCH_STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[course]'
+	touch $@
+
+$(TEST_STAMP): $(COURSE_STAMP)
 	$(PY) -m pip install --quiet -e '.[course,test]'
-	touch $(STAMP)
+	touch $@
 
-test: setup
-	$(PY) -m pytest tests notebooks --nbval --nbval-current-env -p no:cacheprovider
+lab: $(COURSE_STAMP)
+	$(PY) -m qwenvl_lab.lab $(LAB_ARGS)
 
-unit: setup
-	$(PY) -m pytest tests -p no:cacheprovider
+doctor: $(COURSE_STAMP)
+	$(PY) -m qwenvl_lab.doctor
 
-notebooks: setup
-	$(PY) -m pytest --nbval --nbval-current-env notebooks -p no:cacheprovider
+reset: $(COURSE_STAMP)
+	@if [ -z "$(NOTEBOOK)" ]; then echo "usage: make reset NOTEBOOK=03 (a course notebook's number or name)" >&2; exit 2; fi
+	$(PY) -m qwenvl_lab.lab --reset "$(NOTEBOOK)"
 
-lab: setup
-	$(VENV)/bin/jupyter lab notebooks
+test: $(TEST_STAMP)
+	$(PYTEST) tests notebooks --nbval --nbval-current-env
+
+unit: $(TEST_STAMP)
+	$(PYTEST) tests
+
+notebooks: $(TEST_STAMP)
+	$(PYTEST) --nbval --nbval-current-env notebooks
+
+fuzz: $(TEST_STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf course-output build *.egg-info
+
+clean-all: clean
+	rm -rf $(VENV) my-notebooks
 
 # The TensorRT path (issue 5): export → plan → convert → build → answer one question. The CPU steps run in this
 # venv; the GPU steps run with TRT_PY, the Python of a TensorRT-LLM 1.2.x environment (tensorrt_llm pins
@@ -43,7 +121,7 @@ clean:
 TRT_CHECKPOINT ?= data/toy-qwen-vl
 TRT_IMAGE ?= data/images/blue_square.png
 TRT_QUESTION ?= 图片里是什么？
-TRT_WORKDIR ?= build/trtllm
+TRT_WORKDIR ?= course-output/trtllm
 TRT_PY ?= $(PY)
 TRT_REFERENCE ?= --reference
 TRT_ARGS = --checkpoint $(TRT_CHECKPOINT) --image $(TRT_IMAGE) --question "$(TRT_QUESTION)" --workdir $(TRT_WORKDIR)

@@ -41,11 +41,12 @@ from .engine.cuda_graphs import KV_BUCKET
 from .engine.decode import BACKENDS
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
 from .prompt_table import to_torch_dtype
+from .resources import images_dir
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy import TOY_DIR
 
 MODELS = ("toy", "tiny", "qwen-vl-chat")
-IMAGES_DIR = Path(__file__).resolve().parents[1] / "data" / "images"
+IMAGES_DIR = images_dir()
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 
 

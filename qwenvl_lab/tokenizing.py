@@ -6,10 +6,11 @@ import json
 import os
 import unicodedata
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 
 import tiktoken
+
+from . import resources
 
 
 # Special-token ids of Qwen-VL (they follow the 151,643 BPE ranks of qwen.tiktoken)
@@ -27,8 +28,8 @@ TOKENIZER_VOCAB_SIZE = 151860  # len(tokenizer)
 MODEL_VOCAB_SIZE = 151936  # config.vocab_size (padded): fake prompt ids start here
 QWEN_TIKTOKEN_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"
 
-VOCAB_FILE_NAME = "qwen.tiktoken"
-DASHSCOPE_INSTALL = "pip install --no-deps dashscope==2.0.2"
+VOCAB_FILE_NAME = resources.VOCAB_FILE_NAME
+VOCAB_RESTORE = "`git checkout -- data/qwen.tiktoken` restores the shipped copy in a clone (else reinstall qwenvl_lab)"
 PAT_STR = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", *(f"<|extra_{i}|>" for i in range(205)),
@@ -46,7 +47,7 @@ _SPECIAL_NAMES = {
 
 
 def vocab_file_path(path=None) -> Path:
-    """Locate qwen.tiktoken: inside `path` (a checkpoint dir, or the file itself) if there, else dashscope's copy."""
+    """Locate qwen.tiktoken: inside `path` (a checkpoint dir, or the file itself) if there, else the shipped copy."""
     if path is not None:
         path = Path(path)
         if not path.exists():
@@ -55,16 +56,9 @@ def vocab_file_path(path=None) -> Path:
             return path
         if (path / VOCAB_FILE_NAME).is_file():
             return path / VOCAB_FILE_NAME
-    try:
-        dist = metadata.distribution("dashscope")
-    except metadata.PackageNotFoundError:
-        raise ImportError(
-            f"the Qwen vocabulary ({VOCAB_FILE_NAME}) ships with the PyPI package dashscope, which is not installed; "
-            f"run `{DASHSCOPE_INSTALL}` (or pass a checkpoint directory that holds {VOCAB_FILE_NAME})"
-        ) from None
-    vocab = Path(dist.locate_file(f"dashscope/resources/{VOCAB_FILE_NAME}"))
+    vocab = resources.vocab_file()
     if not vocab.is_file():
-        raise FileNotFoundError(f"dashscope is installed but {vocab} is missing; reinstall it: `{DASHSCOPE_INSTALL}`")
+        raise FileNotFoundError(f"the shipped vocabulary {vocab} is missing; {VOCAB_RESTORE}")
     return vocab
 
 
@@ -75,7 +69,7 @@ def _cached_encoding(vocab_file: str, mtime_ns: int, size: int) -> tiktoken.Enco
     if digest != QWEN_TIKTOKEN_SHA256:
         raise ValueError(
             f"{vocab_file} is not Qwen's {VOCAB_FILE_NAME}: sha256 of its content (CRLF→LF) is {digest}, "
-            f"expected {QWEN_TIKTOKEN_SHA256}; replace it with an intact copy (`{DASHSCOPE_INSTALL}`)"
+            f"expected {QWEN_TIKTOKEN_SHA256}; replace it with an intact copy ({VOCAB_RESTORE})"
         )
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in content.splitlines())}
     return tiktoken.Encoding(
@@ -421,7 +415,7 @@ class QWenTokenizer:
 
 
 def load_tokenizer(path=None) -> QWenTokenizer:
-    """QWenTokenizer from `path`'s qwen.tiktoken, else dashscope's copy; the content's sha256 is verified."""
+    """QWenTokenizer from `path`'s qwen.tiktoken, else the shipped copy; the content's sha256 is verified."""
     return QWenTokenizer(vocab_file_path(path))
 
 

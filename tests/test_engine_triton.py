@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton", reason="the fused decode kernels need triton (pip install triton)")
+pytest.importorskip("triton", reason="the fused decode kernels need triton, which has wheels for Linux (x86_64, aarch64) "
+                    "only: pip install triton there")
 
 from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402

@@ -3,7 +3,6 @@
 import hashlib
 import pickle
 import unicodedata
-from importlib import metadata
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwenvl_lab import tokenizing
+from qwenvl_lab import resources
 from qwenvl_lab.tokenizing import (
     ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN,
     MODEL_VOCAB_SIZE, QWEN_TIKTOKEN_SHA256, TOKENIZER_VOCAB_SIZE, Query, QWenTokenizer, decode_image_path,
@@ -64,9 +63,9 @@ def test_encode_normalizes_nfc(tok):
     assert tok.decode(tok.encode("e\u0301")) == "\u00e9"
 
 
-def test_default_loader_uses_dashscope_copy(tok):
-    expected = metadata.distribution("dashscope").locate_file("dashscope/resources/qwen.tiktoken")
-    assert tok.vocab_file.resolve() == expected.resolve()
+def test_default_loader_uses_shipped_copy(tok):
+    assert tok.vocab_file.resolve() == resources.vocab_file().resolve()
+    assert tok.vocab_file.parent.name == "data"  # the checkout's data/ or an installed qwenvl_lab/data/
     assert hashlib.sha256(tok.vocab_file.read_bytes()).hexdigest() == QWEN_TIKTOKEN_SHA256
 
 
@@ -80,7 +79,7 @@ def test_checkpoint_dir_with_crlf_copy_is_used(tok, tmp_path):
     assert load_tokenizer(tmp_path / "qwen.tiktoken").vocab_file == tmp_path / "qwen.tiktoken"
 
 
-def test_dir_without_vocab_falls_back_to_dashscope(tok, tmp_path):
+def test_dir_without_vocab_falls_back_to_shipped_copy(tok, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert load_tokenizer(tmp_path).vocab_file == tok.vocab_file
 
@@ -93,29 +92,22 @@ def test_tampered_copy_is_rejected(tok, tmp_path):
         load_tokenizer(tmp_path)
 
 
-def test_tampered_dashscope_copy_is_rejected(tok, tmp_path, monkeypatch):
-    bad = tmp_path / "dashscope" / "resources" / "qwen.tiktoken"
-    bad.parent.mkdir(parents=True)
+def test_tampered_shipped_copy_is_rejected(tok, tmp_path, monkeypatch):
+    bad = tmp_path / "data" / "qwen.tiktoken"
+    bad.parent.mkdir()
     bad.write_bytes(tok.vocab_file.read_bytes()[:-20])
-
-    class FakeDist:
-        def locate_file(self, name):
-            return tmp_path / name
-
-    monkeypatch.setattr(tokenizing.metadata, "distribution", lambda name: FakeDist())
-    with pytest.raises(ValueError, match=str(bad)):
+    monkeypatch.setattr(resources, "vocab_file", lambda: bad)
+    with pytest.raises(ValueError, match="sha256") as err:
         load_tokenizer()
+    assert str(bad.resolve()) in str(err.value) and "`git checkout -- data/qwen.tiktoken`" in str(err.value)
 
 
-def test_missing_dashscope_names_the_install_command(monkeypatch, tmp_path):
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(tokenizing.metadata, "distribution", missing)
-    with pytest.raises(ImportError, match=r"pip install --no-deps dashscope==2\.0\.2"):
+def test_missing_shipped_copy_names_the_restore_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(resources, "vocab_file", lambda: tmp_path / "data" / "qwen.tiktoken")
+    with pytest.raises(FileNotFoundError, match=r"missing; `git checkout -- data/qwen\.tiktoken`"):
         load_tokenizer()
-    with pytest.raises(ImportError, match="dashscope"):
-        vocab_file_path(tmp_path)  # a directory without qwen.tiktoken needs dashscope too
+    with pytest.raises(FileNotFoundError, match="shipped vocabulary"):
+        vocab_file_path(tmp_path)  # a directory without qwen.tiktoken needs the shipped copy too
 
 
 def test_missing_path_is_file_not_found(tmp_path):

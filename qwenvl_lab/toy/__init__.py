@@ -6,9 +6,10 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import load_checkpoint
+from ..resources import data_dir, toy_checkpoint_dir
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-TOY_DIR = DATA_DIR / "toy-qwen-vl"
+DATA_DIR = data_dir()
+TOY_DIR = toy_checkpoint_dir()
 CHECKPOINT_ENV = "QWENVL_LAB_CHECKPOINT"  # point the course at a real Qwen-VL-Chat directory
 
 # Qwen-VL's architecture at a laptop size: the real vocabulary (151936) and 256 image queries, head size 64

@@ -1,0 +1,145 @@
+"""`python -m qwenvl_lab.lab` — open the course in JupyterLab on the learner's own copies of the notebooks.
+
+The course notebooks (notebooks/) stay pristine: the first start copies them into my-notebooks/ (git ignores it),
+later starts copy only notebooks that have no copy yet, and `--reset NAME` restores one copy from the course.
+JupyterLab opens at the repository's top level on my-notebooks/00_welcome.ipynb; arguments it does not know itself
+(e.g. --ip=0.0.0.0 --port=8888 --no-browser) go to JupyterLab.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
+
+COURSE_FOLDER = "notebooks"
+MY_FOLDER = "my-notebooks"
+BACKUP_FOLDER = "backup"  # inside my-notebooks/: a learner's copy that --reset replaced
+FIRST_NOTEBOOK = "00_welcome.ipynb"
+JUPYTER_CONFIG_FOLDER = ".jupyter"  # labconfig/page_config.json: the news-announcement plugin is switched off
+
+
+def course_root() -> Path:
+    """The repository's top level (the course runs from a clone: its notebooks are not part of the package)."""
+    root = checkout_dir()
+    if root is None or not (root / COURSE_FOLDER).is_dir():
+        raise FileNotFoundError(
+            "the course runs from a clone of the qwenvl-lab repository (its notebooks/ folder is not installed with "
+            "the package); install the clone with `pip install -e .[course]` and start it from there"
+        )
+    return root
+
+
+def copy_course_notebooks(course: Path, mine: Path) -> list[Path]:
+    """Copy every course notebook that has no copy in `mine` yet (an existing copy is never touched); the new copies."""
+    mine.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for notebook in sorted(course.glob("*.ipynb")):
+        target = mine / notebook.name
+        if not target.exists():
+            shutil.copyfile(notebook, target)
+            copied.append(target)
+    return copied
+
+
+def find_course_notebook(course: Path, name: str) -> Path:
+    """The course notebook named `name`: its file name, its stem or a unique prefix such as `03`."""
+    notebooks = sorted(course.glob("*.ipynb"))
+    exact = [n for n in notebooks if name in (n.name, n.stem)]
+    matches = exact or [n for n in notebooks if n.name.startswith(name)]
+    if len(matches) != 1:
+        found = "no course notebook matches" if not matches else f"{len(matches)} course notebooks match"
+        raise ValueError(f"{found} {name!r}; name one of: {', '.join(n.stem for n in notebooks)}")
+    return matches[0]
+
+
+def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | None]:
+    """Restore `mine`'s copy of course notebook `name`; a changed copy of the learner's moves to mine/backup/ first.
+
+    Returns (the restored copy, where the learner's copy went or None if there was none or it was unchanged)."""
+    notebook = find_course_notebook(course, name)
+    target = mine / notebook.name
+    backup = None
+    if target.exists() and target.read_bytes() != notebook.read_bytes():
+        backup = mine / BACKUP_FOLDER / f"{notebook.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        if backup.exists():
+            raise FileExistsError(f"{backup} already exists; wait a second and reset again")
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        target.replace(backup)
+    mine.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(notebook, target)
+    return target, backup
+
+
+def running_as_root() -> bool:
+    """True under a POSIX root account (Docker, cloud VMs), where JupyterLab needs --allow-root."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def lab_command(root: Path, lab_args=()) -> list[str]:
+    """The JupyterLab command: this interpreter's jupyterlab, rooted at `root`, opening the first notebook copy."""
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}"]
+    if running_as_root() and "--allow-root" not in lab_args:
+        command.append("--allow-root")
+    return [*command, *lab_args, str(Path(MY_FOLDER) / FIRST_NOTEBOOK)]
+
+
+def lab_environment(root: Path, environ=None) -> dict[str, str]:
+    """`environ` (default os.environ) with the course's Jupyter config folder searched first, and course outputs
+    going to `root`'s course-output/ unless $QWENVL_LAB_OUTPUT says otherwise (also when the kernels import the
+    package from a shared environment)."""
+    env = dict(os.environ if environ is None else environ)
+    extra = str(root / JUPYTER_CONFIG_FOLDER)
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (extra, env.get("JUPYTER_CONFIG_PATH", "")) if p)
+    env[OUTPUT_ENV] = env.get(OUTPUT_ENV) or str(root / OUTPUT_FOLDER)
+    return env
+
+
+def run_until_exit(command: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run `command` and return its exit status; Ctrl+C reaches it too, so it decides when to stop."""
+    process = subprocess.Popen(command, cwd=cwd, env=env)
+    while True:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            continue
+
+
+def main(argv=None) -> int:
+    """Command line: copy the notebooks, then start JupyterLab (or restore one copy with --reset)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m qwenvl_lab.lab", description=__doc__.split("\n")[0], allow_abbrev=False,
+        epilog="Other arguments go to JupyterLab, e.g. --ip=0.0.0.0 --port=8888 --no-browser on a remote machine.",
+    )
+    parser.add_argument("--reset", metavar="NOTEBOOK",
+                        help="restore my-notebooks/NOTEBOOK from the course (e.g. 03 or 03_fake_prompt_ids); "
+                             "your copy moves to my-notebooks/backup/")
+    parser.add_argument("--print-command", action="store_true", help="print the JupyterLab command instead of running it")
+    args, lab_args = parser.parse_known_args(argv)
+    root = course_root()
+    course, mine = root / COURSE_FOLDER, root / MY_FOLDER
+    if args.reset is not None:
+        try:
+            restored, backup = reset_notebook(course, mine, args.reset)
+        except ValueError as err:
+            parser.error(str(err))
+        print(f"restored {restored.relative_to(root)} from {COURSE_FOLDER}/"
+              + (f"; your copy is now {backup.relative_to(root)}" if backup else ""))
+        return 0
+    copied = copy_course_notebooks(course, mine)
+    if copied:
+        print(f"copied {len(copied)} course notebook(s) into {MY_FOLDER}/ (your work goes there; "
+              f"{COURSE_FOLDER}/ stays as shipped)")
+    command = lab_command(root, lab_args)
+    if args.print_command:
+        print(" ".join(command))
+        return 0
+    return run_until_exit(command, root, lab_environment(root))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

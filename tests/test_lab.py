@@ -1,0 +1,123 @@
+"""`python -m qwenvl_lab.lab`: learners' notebook copies (made once, never overwritten, reset on request) and the
+JupyterLab command (repository root, first notebook, --allow-root as root, news announcements off)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwenvl_lab import lab
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def course(tmp_path):
+    """A clone-like folder: notebooks/ with three course notebooks, no my-notebooks/ yet."""
+    (tmp_path / "notebooks").mkdir()
+    for name in ("00_welcome", "01_tokenizing", "02_locating_img_pos"):
+        (tmp_path / "notebooks" / f"{name}.ipynb").write_text(json.dumps({"cells": [], "name": name}))
+    return tmp_path
+
+
+def test_first_start_copies_every_course_notebook(course):
+    copied = lab.copy_course_notebooks(course / "notebooks", course / "my-notebooks")
+    assert [p.name for p in copied] == ["00_welcome.ipynb", "01_tokenizing.ipynb", "02_locating_img_pos.ipynb"]
+    for p in copied:
+        assert p.read_bytes() == (course / "notebooks" / p.name).read_bytes()
+
+
+def test_a_learners_copy_is_never_overwritten(course):
+    mine = course / "my-notebooks"
+    lab.copy_course_notebooks(course / "notebooks", mine)
+    (mine / "01_tokenizing.ipynb").write_text("my work")
+    (mine / "02_locating_img_pos.ipynb").unlink()
+    (course / "notebooks" / "03_new.ipynb").write_text("{}")  # a course update brings a new notebook
+    copied = lab.copy_course_notebooks(course / "notebooks", mine)
+    assert [p.name for p in copied] == ["02_locating_img_pos.ipynb", "03_new.ipynb"]
+    assert (mine / "01_tokenizing.ipynb").read_text() == "my work"
+
+
+def test_reset_restores_the_course_notebook_and_keeps_the_learners_copy(course):
+    mine = course / "my-notebooks"
+    lab.copy_course_notebooks(course / "notebooks", mine)
+    (mine / "01_tokenizing.ipynb").write_text("my work")
+    restored, backup = lab.reset_notebook(course / "notebooks", mine, "01")
+    assert restored == mine / "01_tokenizing.ipynb"
+    assert restored.read_bytes() == (course / "notebooks" / "01_tokenizing.ipynb").read_bytes()
+    assert backup.parent == mine / "backup" and backup.name.startswith("01_tokenizing-") and backup.suffix == ".ipynb"
+    assert backup.read_text() == "my work"
+    assert lab.reset_notebook(course / "notebooks", mine, "02_locating_img_pos.ipynb")[0].is_file()
+
+
+def test_reset_of_a_missing_or_unchanged_copy_makes_no_backup(course):
+    restored, backup = lab.reset_notebook(course / "notebooks", course / "my-notebooks", "00_welcome")
+    assert restored.is_file() and backup is None
+    assert lab.reset_notebook(course / "notebooks", course / "my-notebooks", "00_welcome") == (restored, None)
+    assert not (course / "my-notebooks" / "backup").exists()
+
+
+@pytest.mark.parametrize("name, problem", [("0", "3 course notebooks match '0'"), ("09", "no course notebook matches"),
+                                           ("", "3 course notebooks match ''")])
+def test_reset_names_one_course_notebook(course, name, problem):
+    with pytest.raises(ValueError, match=problem) as err:
+        lab.reset_notebook(course / "notebooks", course / "my-notebooks", name)
+    assert "00_welcome, 01_tokenizing, 02_locating_img_pos" in str(err.value)
+    assert not (course / "my-notebooks").exists()
+
+
+def test_lab_command_opens_the_first_copy_at_the_repository_root(monkeypatch):
+    monkeypatch.setattr(lab, "running_as_root", lambda: False)
+    command = lab.lab_command(REPO, ["--port=9999"])
+    assert command[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert f"--ServerApp.root_dir={REPO}" in command and "--port=9999" in command
+    assert command[-1] == str(Path("my-notebooks") / "00_welcome.ipynb") and "--allow-root" not in command
+    monkeypatch.setattr(lab, "running_as_root", lambda: True)
+    assert lab.lab_command(REPO).count("--allow-root") == 1
+    assert lab.lab_command(REPO, ["--allow-root"]).count("--allow-root") == 1
+
+
+def test_environment_puts_the_course_config_first_and_outputs_in_the_clone(tmp_path):
+    env = lab.lab_environment(REPO, {"JUPYTER_CONFIG_PATH": "/elsewhere", "HOME": "/home/x"})
+    assert env["JUPYTER_CONFIG_PATH"] == os.pathsep.join([str(REPO / ".jupyter"), "/elsewhere"])
+    assert env["HOME"] == "/home/x" and env["QWENVL_LAB_OUTPUT"] == str(REPO / "course-output")
+    env = lab.lab_environment(REPO, {"QWENVL_LAB_OUTPUT": str(tmp_path)})
+    assert env["JUPYTER_CONFIG_PATH"] == str(REPO / ".jupyter") and env["QWENVL_LAB_OUTPUT"] == str(tmp_path)
+
+
+def test_jupyterlab_sees_the_news_announcements_switched_off():
+    pytest.importorskip("jupyterlab_server", reason="JupyterLab is not installed (the course extra)")
+    code = ("from jupyterlab_server.config import get_static_page_config; "
+            "print(get_static_page_config().get('disabledExtensions', {}))")
+    shipped = subprocess.run([sys.executable, "-c", code], env=lab.lab_environment(REPO), capture_output=True,
+                             text=True, check=True).stdout
+    assert "'@jupyterlab/apputils-extension:announcements': True" in shipped
+
+
+def test_command_line_copies_then_prints_the_command(monkeypatch, course, capsys):
+    monkeypatch.setattr(lab, "course_root", lambda: course)
+    assert lab.main(["--print-command", "--ip=0.0.0.0", "--no-browser"]) == 0
+    out = capsys.readouterr().out
+    assert "copied 3 course notebook(s) into my-notebooks/" in out
+    assert f"--ServerApp.root_dir={course}" in out and "--ip=0.0.0.0 --no-browser" in out
+    assert lab.main(["--print-command"]) == 0
+    assert "copied" not in capsys.readouterr().out
+
+
+def test_command_line_reset(monkeypatch, course, capsys):
+    monkeypatch.setattr(lab, "course_root", lambda: course)
+    lab.copy_course_notebooks(course / "notebooks", course / "my-notebooks")
+    (course / "my-notebooks" / "00_welcome.ipynb").write_text("mine")
+    assert lab.main(["--reset", "00"]) == 0
+    assert "restored my-notebooks/00_welcome.ipynb from notebooks/; your copy is now my-notebooks/backup/" in \
+        capsys.readouterr().out.replace(os.sep, "/")
+    with pytest.raises(SystemExit) as exit_:
+        lab.main(["--reset", "7"])
+    assert exit_.value.code == 2 and "no course notebook matches '7'" in capsys.readouterr().err
+
+
+def test_course_root_is_this_clone():
+    assert lab.course_root() == REPO
