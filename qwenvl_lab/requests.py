@@ -73,7 +73,8 @@ def is_greedy(top_k: int, top_p: float) -> bool:
     return top_k == 1 or (top_k == 0 and top_p == 0.0)
 
 
-def check_sampling(temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, random_seed=None) -> bool:
+def check_sampling(temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, random_seed=None,
+                   repetition_penalty=1.0) -> bool:
     """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
         raise ValueError(f"temperature must be a number > 0 (and finite), got {temperature!r}")
@@ -84,10 +85,30 @@ def check_sampling(temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, rand
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or not math.isfinite(
             length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) or not (
+            0 < repetition_penalty < math.inf):
+        raise ValueError(f"repetition_penalty must be a number > 0 (1: off), got {repetition_penalty!r}")
     if random_seed is not None and (isinstance(random_seed, bool) or not isinstance(random_seed, int)
                                     or not 0 <= random_seed < 2**63):
         raise TypeError(f"random_seed must be None or an int in [0, 2**63), got {random_seed!r}")
     return is_greedy(top_k, top_p)
+
+
+def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[list[tuple[int, ...]]] | None:
+    """TensorRT-LLM's stop_words_list — one list of token-id sequences per request — checked: per request, tuples."""
+    if stop_words_list is None:
+        return None
+    if not isinstance(stop_words_list, (list, tuple)) or len(stop_words_list) != batch_size:
+        raise ValueError(f"stop_words_list must hold one list of stop sequences per request ({batch_size}), e.g. "
+                         f"[[[151644]]] * {batch_size}, got {stop_words_list!r:.80}")
+    checked = []
+    for i, words in enumerate(stop_words_list):
+        if not isinstance(words, (list, tuple)) or not all(
+                isinstance(w, (list, tuple)) and w and all(_is_int(t) and 0 <= t < vocab_size for t in w) for w in words):
+            raise ValueError(f"stop_words_list[{i}] must be a list of non-empty sequences of token ids in "
+                             f"[0, {vocab_size}), got {words!r:.80}")
+        checked.append([tuple(w) for w in words])
+    return checked
 
 
 @dataclass

@@ -131,3 +131,44 @@ def test_a_stream_abandoned_inside_a_function_frees_the_runner(runner):
         assert runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0).shape == (2, 1, 11)
     finally:
         gc.enable()
+
+
+def test_repetition_penalty_is_transformers_rule():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from qwenvl_lab.engine.sampling import penalize_repetition
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 4
+    history = torch.tensor([[1, 2, 2, 49], [7, 0, 3, 3], [10, 11, 12, 13]])
+    seen = torch.zeros(3, 50, dtype=torch.bool).scatter(1, history, True)
+    for penalty in (1.3, 0.7):
+        expected = RepetitionPenaltyLogitsProcessor(penalty)(history, logits.clone())
+        assert torch.equal(penalize_repetition(logits, seen, penalty), expected)
+
+
+def test_engine_repetition_penalty_gives_eager_tokens(runner, tiny_model):
+    """Greedy with a penalty over the prompt's ids and the new tokens: the tokens transformers' generate picks."""
+    prompt = torch.tensor([151644, 8948, 198, 2610, 525, 2610, 525])
+    plain = runner.generate([prompt], max_new_tokens=8, end_id=-1, pad_id=0)[0, 0]
+    changed = []
+    for penalty in (1.5, 0.05):  # 0.05 < 1 favours the ids already seen
+        with torch.inference_mode():
+            eager = tiny_model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                        max_new_tokens=8, do_sample=False, repetition_penalty=penalty,
+                                        pad_token_id=0)[0, len(prompt):]
+        ours = runner.generate([prompt], max_new_tokens=8, end_id=-1, pad_id=0, repetition_penalty=penalty)[0, 0]
+        assert ours[len(prompt):].tolist() == eager.tolist()
+        changed.append(not torch.equal(ours, plain))
+    assert any(changed)  # the penalty really changed the tokens
+
+
+def test_stop_words_end_a_request_with_the_word_included(runner):
+    free = runner.generate(PROMPTS, max_new_tokens=6, end_id=-1, pad_id=0, return_dict=True)
+    new = [free["output_ids"][r, 0, len(p) :].tolist() for r, p in enumerate(PROMPTS)]
+    words = [[[new[0][2]]], [new[1][1:3], [999999 % 151936]]]  # one token for request 0, two in a row for request 1
+    out = runner.generate(PROMPTS, max_new_tokens=6, end_id=-1, pad_id=0, return_dict=True, stop_words_list=words)
+    lengths = out["sequence_lengths"][:, 0].tolist()
+    assert lengths[0] - len(PROMPTS[0]) == new[0].index(new[0][2]) + 1
+    assert lengths[1] - len(PROMPTS[1]) <= 3 and out["output_ids"][1, 0, lengths[1] - 2 : lengths[1]].tolist() == new[1][1:3]
+    with pytest.raises(ValueError, match=r"stop_words_list\[1\] must be a list of non-empty sequences"):
+        runner.generate(PROMPTS, max_new_tokens=2, stop_words_list=[[[1]], [[]]])

@@ -182,8 +182,10 @@ class StandInModelRunnerCpp:
 
     def generate(self, batch_input_ids, *, prompt_table=None, prompt_tasks=None, max_new_tokens=1, end_id=None,
                  pad_id=None, streaming=False, return_dict=False, output_sequence_lengths=False, num_beams=1,
-                 temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, early_stopping=1, random_seed=None):
-        self.calls.append(dict(prompt_table=prompt_table, prompt_tasks=prompt_tasks, batch_input_ids=batch_input_ids))
+                 temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, early_stopping=1, random_seed=None,
+                 repetition_penalty=1.0, stop_words_list=None):
+        self.calls.append(dict(prompt_table=prompt_table, prompt_tasks=prompt_tasks, batch_input_ids=batch_input_ids,
+                               repetition_penalty=repetition_penalty, stop_words_list=stop_words_list))
         assert return_dict and output_sequence_lengths and num_beams == 1 and top_k == 1  # what the runner asks for
         tasks = [0] * len(batch_input_ids) if prompt_tasks is None else [int(t) for t in prompt_tasks.split(",")]
         sequences = []
@@ -307,3 +309,13 @@ def test_ids_past_int32_are_refused_before_the_cast(runner):
         runner.check_request([ids], table, "0")
     with pytest.raises(ValueError, match="holds id 1099511627776 at position 1, past the vocabulary"):
         runner.check_request([torch.tensor([1, 2**40])])
+
+
+@pytest.mark.standin
+def test_penalty_and_stop_words_reach_tensorrt_llm_in_its_form(tiny):
+    _, _, runner = tiny
+    runner.generate([torch.tensor([1, 2])], max_new_tokens=2, repetition_penalty=1.1, stop_words_list=[[[151644]]])
+    assert runner.session.calls[-1]["repetition_penalty"] == 1.1
+    assert runner.session.calls[-1]["stop_words_list"] == [[[151644]]]
+    with pytest.raises(ValueError, match="one list of stop sequences per request"):
+        runner.generate([torch.tensor([1, 2])], max_new_tokens=2, stop_words_list=[[151644]] * 2)

@@ -144,8 +144,9 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
         save_file({k: v.contiguous() for k, v in tower.state_dict().items()}, str(staging / VISION_DIR / "model.safetensors"))
         (staging / VISION_DIR / "config.json").write_text(
             json.dumps({"visual": hf_config.visual, "dtype": build_config.dtype}, indent=2) + "\n")
-        if (checkpoint_dir / VOCAB_FILE_NAME).is_file():
-            shutil.copyfile(checkpoint_dir / VOCAB_FILE_NAME, staging / VOCAB_FILE_NAME)
+        for name in (VOCAB_FILE_NAME, "generation_config.json"):  # the chat's tokenizer and sampling defaults
+            if (checkpoint_dir / name).is_file():
+                shutil.copyfile(checkpoint_dir / name, staging / name)
         config = {"version": ENGINE_VERSION, "build_config": asdict(build_config), "pretrained_config": pretrained}
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_manifest(staging, build_config)

@@ -7,7 +7,7 @@ import torch
 from ..layout import to_trtllm_names
 from ..limits import BuildConfig, check_model_limits
 from ..prompt_table import prompt_tuning_embedding
-from ..requests import check_request, check_sampling
+from ..requests import check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
@@ -15,7 +15,7 @@ from .build import load_engine_config, load_engine_weights
 from .cuda_graphs import DecodeGraphs
 from .decode import choose_backend, make_decode_step
 from .forward import LanguageModelEngine
-from .sampling import sample_tokens
+from .sampling import penalize_repetition, sample_tokens
 
 
 class GenerationStream:
@@ -107,22 +107,30 @@ class ModelRunner:
     def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
                  end_id: int = IM_END_ID, pad_id: int = IM_END_ID, num_beams: int = 1, temperature: float = 1.0,
                  top_k: int = 1, top_p: float = 0.0, length_penalty: float = 1.0, early_stopping=False,
-                 random_seed=None, streaming: bool = False, return_dict: bool = False, task_vocab_size=None):
+                 random_seed=None, streaming: bool = False, return_dict: bool = False, task_vocab_size=None,
+                 repetition_penalty: float = 1.0, stop_words_list=None):
         """Generate for a batch of requests (list of 1-D ids); output_ids [B, beams, max input + max_new_tokens].
 
-        Each row holds the request's ids, then its new tokens (the end_id that stopped it included), then pad_id.
-        prompt_table: [rows, H] (with prompt_tasks "0,0,…" and task_vocab_size) or [tables, rows, H] (task_vocab_size
-        = rows; tasks default to one table per request, or table 0 when there is one). Greedy is top_k=1 (or
-        top_k=0, top_p=0); otherwise temperature, top_k (0 = off) and top_p sample. num_beams > 1 is beam search
-        with transformers' semantics. end_id=-1 never stops. streaming=True returns a GenerationStream of the same
-        outputs after every step. return_dict=True gives {"output_ids", "sequence_lengths"}.
+        Each row holds the request's ids, then its new tokens (the end_id or stop word that stopped it included), then
+        pad_id. prompt_table: [rows, H] (with prompt_tasks "0,0,…" and task_vocab_size) or [tables, rows, H]
+        (task_vocab_size = rows; tasks default to one table per request, or table 0 when there is one). Greedy is
+        top_k=1 (or top_k=0, top_p=0); otherwise temperature, top_k (0 = off) and top_p sample; repetition_penalty
+        (transformers' rule, over the request's vocabulary ids and its new tokens) applies to both. num_beams > 1 is
+        beam search with transformers' semantics. end_id=-1 never stops; stop_words_list (one list of token-id
+        sequences per request, as TensorRT-LLM takes it) stops a request once its new tokens end with one of them.
+        streaming=True returns a GenerationStream of the same outputs after every step. return_dict=True gives
+        {"output_ids", "sequence_lengths"}.
         """
         self._check_free()
-        greedy = check_sampling(temperature, top_k, top_p, length_penalty, random_seed)
+        greedy = check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
         request = check_request(self.build_config, self.vocab_size, self.hidden_size, batch_input_ids, prompt_table,
                                 prompt_tasks, task_vocab_size, max_new_tokens, num_beams, end_id, pad_id)
+        stop_words = check_stop_words(stop_words_list, len(request.ids), self.vocab_size)
         if num_beams > 1 and not greedy:
             raise ValueError("beam search picks the best beams, it does not sample: leave top_k=1 with num_beams > 1")
+        if num_beams > 1 and (repetition_penalty != 1.0 or stop_words is not None):
+            raise ValueError("repetition_penalty and stop_words_list apply to greedy and sampled decoding here, not to "
+                             "beam search: leave them out with num_beams > 1")
         requests = [ids.to(self.device) for ids in request.ids]
         table = None if request.table is None else request.table.to(self.device)
         embeds = [self._embed(ids, table, request, r) for r, ids in enumerate(requests)]
@@ -134,8 +142,14 @@ class ModelRunner:
             generator = None
             if random_seed is not None:
                 generator = torch.Generator(device=self.device).manual_seed(random_seed)
-            steps = self._sampling_steps(requests, embeds, max_new_tokens, end_id, pad_id,
-                                         lambda logits: sample_tokens(logits, temperature, top_k, top_p, generator))
+
+            def pick(logits, seen):
+                if repetition_penalty != 1.0:
+                    logits = penalize_repetition(logits, seen, repetition_penalty)
+                return sample_tokens(logits, temperature, top_k, top_p, generator)
+
+            steps = self._sampling_steps(requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words,
+                                         track_seen=repetition_penalty != 1.0)
         if streaming:
             return GenerationStream(self, steps, lambda ids, lengths: self._outputs(requests, ids, lengths, pad_id,
                                                                                      max_new_tokens, return_dict))
@@ -157,7 +171,8 @@ class ModelRunner:
                                        self.vocab_size)[0]
 
     @torch.inference_mode()
-    def _sampling_steps(self, requests, embeds, max_new_tokens, end_id, pad_id, pick):
+    def _sampling_steps(self, requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words=None,
+                        track_seen=False):
         """Greedy or sampled decoding: yields (new ids [B, 1, t+1], generated lengths [B, 1]) after every token."""
         lengths = [len(ids) for ids in requests]
         logits = self.engine.prefill(torch.cat(embeds), lengths, [range(r, r + 1) for r in range(len(requests))])
@@ -165,20 +180,39 @@ class ModelRunner:
         new_ids = torch.full((len(requests), max_new_tokens), pad_id, dtype=torch.long, device=self.device)
         generated = torch.zeros(len(requests), dtype=torch.long, device=self.device)
         finished = torch.zeros(len(requests), dtype=torch.bool, device=self.device)
+        stopping = end_id >= 0 or stop_words is not None  # else nothing is checked (no per-token sync)
+        seen = None  # [B, V]: the vocabulary ids of each row so far, for the repetition penalty
+        if track_seen:
+            seen = torch.zeros(len(requests), self.vocab_size, dtype=torch.bool, device=self.device)
+            for r, ids in enumerate(requests):
+                seen[r, ids[ids < self.vocab_size]] = True
+        rows = torch.arange(len(requests), device=self.device)
         for t in range(max_new_tokens):
-            tokens = pick(logits)  # [B]
-            if end_id >= 0:  # rows that ended get pad_id; without an end_id nothing is checked (no per-token sync)
+            tokens = pick(logits, seen)  # [B]
+            if stopping:  # rows that ended get pad_id
                 tokens = torch.where(finished, pad_id, tokens)
                 generated += ~finished
                 finished |= tokens == end_id
             else:
                 generated += 1
             new_ids[:, t] = tokens
+            if stop_words is not None:
+                finished |= self._ends_with_stop_word(new_ids[:, : t + 1], generated, stop_words)
+            if seen is not None:
+                seen[rows, tokens] = True
             yield new_ids[:, None, : t + 1], generated[:, None]
-            if t + 1 == max_new_tokens or (end_id >= 0 and bool(finished.all())):
+            if t + 1 == max_new_tokens or (stopping and bool(finished.all())):
                 return
             logits = self.decoder(tokens, pos, max(lengths) + t + 1)
             pos += 1
+
+    def _ends_with_stop_word(self, new_ids, generated, stop_words) -> torch.Tensor:
+        """Rows whose generated tokens (new_ids [B, t], generated [B] of them) end with one of their stop words: [B]."""
+        ends = torch.zeros(new_ids.shape[0], dtype=torch.bool, device=self.device)
+        for r, words in enumerate(stop_words):
+            tail = new_ids[r, : int(generated[r])].tolist()
+            ends[r] = any(len(w) <= len(tail) and tuple(tail[len(tail) - len(w):]) == w for w in words)
+        return ends
 
     @torch.inference_mode()
     def _beam_steps(self, requests, embeds, search: BeamSearch):

@@ -22,6 +22,12 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return scores
 
 
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' repetition penalty on logits [n, V]: the logits of tokens already in the row (`seen` [n, V]) are
+    divided by `penalty` where positive, multiplied where negative."""
+    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
 def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator=None) -> torch.Tensor:
     """Next token of each row of logits [n, V]: argmax when greedy, else a draw from the filtered softmax: [n]."""
     if is_greedy(top_k, top_p):

@@ -7,7 +7,7 @@ import torch
 
 from ..files import CheckpointError, field, read_json
 from ..limits import BuildConfig
-from ..requests import check_request, check_sampling
+from ..requests import check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from .gpu import require_gpu_stack
 
@@ -64,7 +64,7 @@ class TRTLLMRunner:
     def __init__(self, config: EngineConfig, session):
         self.config = config
         self.session = session  # tensorrt_llm.runtime.ModelRunnerCpp
-        self.vocab_size, self.dtype = config.vocab_size, config.build.dtype
+        self.vocab_size, self.dtype, self.max_seq_len = config.vocab_size, config.build.dtype, config.build.max_seq_len
 
     @classmethod
     def from_dir(cls, engine_dir, rank: int = 0, **runner_kwargs) -> "TRTLLMRunner":
@@ -98,7 +98,8 @@ class TRTLLMRunner:
     def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
                  end_id: int = IM_END_ID, pad_id: int = IM_END_ID, num_beams: int = 1, temperature: float = 1.0,
                  top_k: int = 1, top_p: float = 0.0, length_penalty: float = 1.0, early_stopping=False,
-                 random_seed=None, streaming: bool = False, return_dict: bool = False, task_vocab_size=None):
+                 random_seed=None, streaming: bool = False, return_dict: bool = False, task_vocab_size=None,
+                 repetition_penalty: float = 1.0, stop_words_list=None):
         """Our engine's generate on the TensorRT-LLM engine: output_ids [B, beams, max input + max_new_tokens].
 
         Same arguments and outputs as engine.runner.ModelRunner.generate (rows: ids, new tokens, then pad_id;
@@ -107,13 +108,17 @@ class TRTLLMRunner:
         With tensor parallelism only rank 0 gets outputs, as in TensorRT-LLM: on the other ranks ModelRunnerCpp
         enqueues nothing and returns [], and this returns None.
         """
-        check_sampling(temperature, top_k, top_p, length_penalty, random_seed)
+        check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
         if early_stopping not in (True, False):
             raise ValueError(f"early_stopping must be True or False with TensorRT-LLM, got {early_stopping!r}")
         ids, tables, tasks = self.check_request(batch_input_ids, prompt_table, prompt_tasks, max_new_tokens, num_beams,
                                                 task_vocab_size, end_id, pad_id)
+        stop_words = check_stop_words(stop_words_list, len(ids), self.config.vocab_size)
         sampling = dict(num_beams=num_beams, temperature=temperature, top_k=top_k, top_p=top_p,
-                        length_penalty=length_penalty, early_stopping=int(early_stopping))
+                        length_penalty=length_penalty, early_stopping=int(early_stopping),
+                        repetition_penalty=repetition_penalty)
+        if stop_words is not None:
+            sampling["stop_words_list"] = [[list(w) for w in words] for words in stop_words]
         if random_seed is not None:
             sampling["random_seed"] = random_seed
         outputs = self.session.generate(
