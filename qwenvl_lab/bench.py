@@ -25,6 +25,7 @@ import os
 import platform
 import resource
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-backend", choices=("auto", *BACKENDS), default="auto",
                         help="the engine's decode back end (default auto: Triton kernels on CUDA, numba on a CPU)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-answer", action="store_true",
+                        help="also time a fresh process's first answer: cold, then with the kernel choices the cold one "
+                             "tuned and saved (ModelRunner.warm_up), each from loading the engine to the answer")
+    parser.add_argument("--first-answer-child", type=Path, help=argparse.SUPPRESS)  # the fresh process; its tuning file
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
@@ -350,8 +355,8 @@ def hardware(device: torch.device) -> dict:
     return info
 
 
-def run_benchmark(args: argparse.Namespace) -> dict:
-    """Load the model, measure eager then engine at every batch size; the report as a dict."""
+def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Load the model, measure eager then engine at every batch size (and the first answers); the report as a dict."""
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -360,28 +365,74 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         device = torch.device("cuda", torch.cuda.current_device())
     baseline = memory_in_use(device)
     with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
-        return measure_all(args, device, dtype, baseline, Path(workdir))
+        report = measure_all(args, device, dtype, baseline, Path(workdir))
+        if args.first_answer:
+            report["first_answer_s"] = first_answers(argv, Path(workdir))
+        return report
+
+
+def first_answer(args: argparse.Namespace) -> dict:
+    """In this (fresh) process: seconds from making the engine (ModelRunner.from_model, then warm_up, as from_dir does
+    on CUDA) to it being ready (load_s), and from then to the answer to one request (first_answer_s)."""
+    device, dtype = torch.device(args.device), to_torch_dtype(args.dtype)
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        model, checkpoint = load_model(args, device, dtype, Path(workdir))
+        requests = make_requests(1, model.config.vocab_size, args.seed)
+        table = picture_features(model, 1, real=checkpoint is not None)[0]  # [256, H]
+        synchronize(device)
+        start = time.perf_counter()
+        runner = ModelRunner.from_model(model, engine_limits(requests, args), device, args.decode_backend,
+                                        tuning_file=args.first_answer_child)
+        runner.warm_up(progress=False)
+        synchronize(device)
+        ready = time.perf_counter()
+        engine_generate(runner, requests, table, args.new_tokens)
+        synchronize(device)
+        return {"load_s": ready - start, "first_answer_s": time.perf_counter() - ready}
+
+
+def first_answers(argv: list[str], workdir: Path) -> dict:
+    """first_answer in two fresh processes: cold (no tuned choices, an empty Triton cache), then with the choices the
+    first one saved and the kernels it compiled."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(workdir / "triton-cache"), "PYTHONUNBUFFERED": "1"}
+    tuning = workdir / "tuning.json"
+    times = {}
+    for label in ("cold", "saved_choices"):
+        child = [sys.executable, "-m", "qwenvl_lab.bench", *argv, "--first-answer-child", str(tuning)]
+        done = subprocess.run(child, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"the {label} first-answer process failed:\n{done.stderr[-2000:]}")
+        times[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return times
+
+
+def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, workdir: Path):
+    """(model, its checkpoint directory or None for Qwen-VL-Chat's random weights made on the device)."""
+    checkpoint = args.checkpoint or {"toy": TOY_DIR, "tiny": None, "qwen-vl-chat": None}[args.model]
+    if args.model == "tiny" and checkpoint is None:
+        checkpoint = make_tiny_checkpoint(workdir / "tiny", seed=args.seed, with_vocab=False)
+    if checkpoint is None:
+        return qwen_vl_chat_model(device, dtype), None
+    if not (Path(checkpoint) / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {checkpoint} (train the toy model, or pass --checkpoint DIR)")
+    return load_checkpoint(checkpoint, dtype=dtype, device=device).requires_grad_(False), checkpoint
+
+
+def engine_limits(requests, args: argparse.Namespace) -> BuildConfig:
+    """Limits that hold the requests and their new tokens, rounded up to whole KV buckets; one picture each."""
+    longest = max(len(ids) for ids in requests)
+    return BuildConfig(max_batch_size=len(requests), max_input_len=-(-longest // KV_BUCKET) * KV_BUCKET,
+                       max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
+                       max_prompt_embedding_table_size=IMG_TOKEN_SPAN * len(requests), dtype=args.dtype)
 
 
 def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, baseline: int, workdir: Path) -> dict:
     """The benchmark proper (engine files and the tiny checkpoint go in `workdir`)."""
-    checkpoint = args.checkpoint or {"toy": TOY_DIR, "tiny": None, "qwen-vl-chat": None}[args.model]
-    if args.model == "tiny" and checkpoint is None:
-        checkpoint = make_tiny_checkpoint(workdir / "tiny", seed=args.seed, with_vocab=False)
-    if checkpoint is not None:
-        if not (Path(checkpoint) / "config.json").is_file():
-            raise FileNotFoundError(f"no checkpoint at {checkpoint} (train the toy model, or pass --checkpoint DIR)")
-        model = load_checkpoint(checkpoint, dtype=dtype, device=device).requires_grad_(False)
-    else:
-        model = qwen_vl_chat_model(device, dtype)
+    model, checkpoint = load_model(args, device, dtype, workdir)
     batches = sorted(set(args.batch))
     requests = make_requests(max(batches), model.config.vocab_size, args.seed)
     input_vit = picture_features(model, max(batches), real=checkpoint is not None)  # [B, 256, H]
-    longest = max(len(ids) for ids in requests)
-    max_input_len = -(-longest // KV_BUCKET) * KV_BUCKET
-    build_config = BuildConfig(max_batch_size=max(batches), max_input_len=max_input_len,
-                               max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
-                               max_prompt_embedding_table_size=IMG_TOKEN_SPAN * max(batches), dtype=args.dtype)
+    build_config = engine_limits(requests, args)
     steps = args.new_tokens - 1  # decode steps in a timed run: the probe times as many products in a row
     probes = [bandwidth_probe(model.lm_head.weight, args.repeats, steps)]  # probed again later: the best one counts
     tables = {b: input_vit[:b].reshape(-1, input_vit.shape[-1]) for b in batches}  # [b·256, H]
@@ -464,6 +515,9 @@ def format_table(report: dict) -> str:
         same = f"{r['same_tokens_as_eager']}/{r['batch']}" if "same_tokens_as_eager" in r else ""
         lines.append(f"{r['method']:<7} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
                      f"{r['pct_of_limit']:>10.1f}% {r['peak_mem_mb']:>9.1f} {speedup:>9} {same:>11}")
+    for label, times in report.get("first_answer_s", {}).items():
+        lines.append(f"first answer ({label}): engine ready in {times['load_s']:.2f} s, then answered in "
+                     f"{times['first_answer_s']:.2f} s")
     return "\n".join(lines)
 
 
@@ -471,7 +525,10 @@ def main(argv=None) -> dict:
     """Run the benchmark, print the table, write the JSON."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv)
-    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **run_benchmark(args)}
+    if args.first_answer_child is not None:
+        print(json.dumps(first_answer(args)))
+        return {}
+    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **run_benchmark(args, argv)}
     print(format_table(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "evaluate": ("qwenvl_lab.toy.evaluate", "held-out accuracy of the toy model, with its prompt table and zeroed"),
     "trtllm": ("qwenvl_lab.trtllm.pipeline", "the TensorRT path: ONNX, plan, checkpoint, trtllm-build, one answer"),
     "doctor": ("qwenvl_lab.doctor", "check this machine for the course, one line per check"),
+    "lab": ("qwenvl_lab.lab", "open the course in JupyterLab on your own copies of the notebooks"),
 }
 
 

@@ -24,7 +24,7 @@ LAYERS = [
     ["trtllm"],
     ["toy"],
     ["widgets"],
-    ["bench", "doctor"],
+    ["bench", "doctor", "lab"],
     ["cli"],
 ]
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}

@@ -72,3 +72,12 @@ def test_bad_options(tmp_path):
             bench.parse_args(argv)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         bench.main(["--checkpoint", str(tmp_path), "--new-tokens", "2"])
+
+
+@pytest.mark.slow
+def test_first_answers_are_timed_in_fresh_processes(tmp_path):
+    report = bench.main(["--model", "tiny", "--batch", "1", "--new-tokens", "8", "--repeats", "1", "--no-eager",
+                         "--first-answer", "--json", tmp_path / "b.json"])
+    times = json.loads((tmp_path / "b.json").read_text())["first_answer_s"]
+    assert times == report["first_answer_s"] and set(times) == {"cold", "saved_choices"}
+    assert all(t["load_s"] > 0 and t["first_answer_s"] > 0 for t in times.values())

@@ -1,5 +1,7 @@
 """The engine on an NVIDIA GPU: every decode back end in CUDA graphs gives the CPU engine's tokens; fp16 stays close."""
 
+import json
+
 import pytest
 import torch
 
@@ -66,3 +68,20 @@ def test_bench_on_cuda(tmp_path):
                          "--repeats", "3", "--json", tmp_path / "b.json"])
     assert report["settings"]["cuda_graphs"] and report["hardware"]["gpu"]
     assert all(r["peak_mem_mb"] > 0 and r["decode_tokens_per_s"] > 0 for r in report["results"])
+
+
+def test_warm_up_saves_the_tuned_choices_and_a_second_load_reuses_them(engine_dir, tmp_path, monkeypatch):
+    """from_dir warms up on CUDA (autotuning, a CUDA graph); the choices land in tuning.json and a second runner
+    starts with them, so the autotuner times nothing again."""
+    from qwenvl_lab.engine.decode import triton_linear
+
+    monkeypatch.setattr(triton_linear._tuned, "cache", {})
+    first = ModelRunner.from_dir(engine_dir, device="cuda")
+    tuned = json.loads((engine_dir / "tuning.json").read_text())
+    assert list(tuned) == [first.decode_step.tuning_key()] and len(tuned[first.decode_step.tuning_key()]) >= 4
+    assert first.decoder.graphs  # the first CUDA graph was captured in the warm-up
+    monkeypatch.setattr(triton_linear._tuned, "cache", {})
+    second = ModelRunner.from_dir(engine_dir, device="cuda", warm_up=False)
+    assert triton_linear.tuned_choices() == tuned[first.decode_step.tuning_key()]  # loaded, nothing timed
+    assert torch.equal(second.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
+                       first.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0))

@@ -172,3 +172,9 @@ def test_stop_words_end_a_request_with_the_word_included(runner):
     assert lengths[1] - len(PROMPTS[1]) <= 3 and out["output_ids"][1, 0, lengths[1] - 2 : lengths[1]].tolist() == new[1][1:3]
     with pytest.raises(ValueError, match=r"stop_words_list\[1\] must be a list of non-empty sequences"):
         runner.generate(PROMPTS, max_new_tokens=2, stop_words_list=[[[1]], [[]]])
+
+
+def test_warm_up_runs_the_first_steps_before_the_first_question(tiny_engine):
+    runner = ModelRunner.from_dir(tiny_engine, warm_up=True)
+    assert not (tiny_engine / "tuning.json").exists()  # nothing is tuned on a CPU
+    assert runner.generate(PROMPTS, max_new_tokens=3, end_id=-1, pad_id=0).shape == (2, 1, 11)

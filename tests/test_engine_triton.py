@@ -184,3 +184,12 @@ def test_bench_times_the_fused_products_alone(monkeypatch):
     runs, rest = divmod(len(calls), 4 * layers + 1)  # four products a layer, then lm_head
     assert rest == 0 and runs >= 2  # warm-ups and timed runs (on CUDA: a warm-up and the capture, then replays)
     assert sum(bool(k.get("swiglu")) for k in calls) == runs * layers
+
+
+def test_tuned_choices_are_saved_and_taken_back(monkeypatch):
+    """The autotuner's choices as JSON-ready entries, and back: an entry naming no tile shape is skipped."""
+    monkeypatch.setattr(triton_linear._tuned, "cache", {})
+    assert triton_linear.use_choices([{"key": [40, 96, "none", "torch.float16"], "config": 3},
+                                      {"key": [1, 2], "config": len(triton_linear.CONFIGS)}, "junk"]) == 1
+    assert triton_linear._tuned.cache == {(40, 96, "none", "torch.float16"): triton_linear.CONFIGS[3]}
+    assert triton_linear.tuned_choices() == [{"key": [40, 96, "none", "torch.float16"], "config": 3}]

@@ -1,8 +1,12 @@
 """Engine, runner — TensorRT-LLM's ModelRunner in PyTorch: requests checked against the build limits, then generated."""
 
+import json
+import os
+import warnings
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from ..layout import to_trtllm_names
 from ..limits import BuildConfig, check_model_limits
@@ -16,6 +20,8 @@ from .cuda_graphs import DecodeGraphs
 from .decode import choose_backend, make_decode_step
 from .forward import LanguageModelEngine
 from .sampling import penalize_repetition, sample_tokens
+
+TUNING_FILE = "tuning.json"  # beside an engine: the decode kernels' tuned choices, per GPU and Triton version
 
 
 class GenerationStream:
@@ -62,7 +68,7 @@ class ModelRunner:
     decode back end (`engine.decode`: "auto", "torch", "compiled", "triton" or "numba")."""
 
     def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device="cpu",
-                 decode_backend: str = "auto", engine_dir=None):
+                 decode_backend: str = "auto", engine_dir=None, tuning_file=None):
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
@@ -82,19 +88,74 @@ class ModelRunner:
         self.decoder = DecodeGraphs(self.decode_step, rows, build_config.max_seq_len, device) \
             if device.type == "cuda" else self.decode_step
         self.busy = False  # a streaming generation holds the KV cache
+        self.tuning_file = None if tuning_file is None else Path(tuning_file)
+        self._load_choices()
 
     @classmethod
-    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto") -> "ModelRunner":
-        """Load an engine directory written by build_engine onto `device`."""
+    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto", warm_up=None) -> "ModelRunner":
+        """Load an engine directory written by build_engine onto `device`; warm_up (default: on CUDA) does the decode
+        step's first run now rather than in the first question (`warm_up()`)."""
         build_config, pretrained = load_engine_config(engine_dir)
-        return cls(build_config, pretrained, load_engine_weights(engine_dir), device, decode_backend, engine_dir)
+        runner = cls(build_config, pretrained, load_engine_weights(engine_dir), device, decode_backend, engine_dir,
+                     Path(engine_dir) / TUNING_FILE)
+        if runner.device.type == "cuda" if warm_up is None else warm_up:
+            runner.warm_up()
+        return runner
 
     @classmethod
-    def from_model(cls, model, build_config: BuildConfig, device=None, decode_backend: str = "auto") -> "ModelRunner":
+    def from_model(cls, model, build_config: BuildConfig, device=None, decode_backend: str = "auto",
+                   tuning_file=None) -> "ModelRunner":
         """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size)."""
         device = next(model.parameters()).device if device is None else device
         pretrained = trtllm_config(model.config, build_config.dtype)
-        return cls(build_config, pretrained, to_trtllm_names(model.state_dict()), device, decode_backend)
+        return cls(build_config, pretrained, to_trtllm_names(model.state_dict()), device, decode_backend,
+                   tuning_file=tuning_file)
+
+    def warm_up(self, progress: bool = True) -> None:
+        """Do now what the first question would otherwise wait for: a prefill, and the decode step's first run for one
+        row — Triton's autotuning, numba's or torch.compile's compilation, the first CUDA graph. The Triton kernels'
+        tuned choices are saved beside the engine (tuning.json) and reused by the next process that loads it."""
+        self._check_free()
+        ids = torch.zeros(1, dtype=torch.long, device=self.device)
+        stages = {"prefill": lambda: self.engine.prefill(self.engine.embed(ids), [1], [range(0, 1)]),
+                  "decode step": lambda: self.decoder(ids, ids, 1)}
+        with torch.inference_mode():
+            for name in tqdm(stages, desc="warming up", disable=not progress):
+                stages[name]()
+        self._save_choices()
+
+    def _tuning(self) -> dict:
+        """tuning.json's entries ({tuning key: choices}), {} when there is none or it cannot be read."""
+        try:
+            entries = json.loads(self.tuning_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def _load_choices(self) -> None:
+        """Hand the decode back end the choices tuned for this GPU earlier, if it tunes and they were saved."""
+        if self.tuning_file is None or self.device.type != "cuda" or not hasattr(self.decode_step, "use_choices"):
+            return
+        choices = self._tuning().get(self.decode_step.tuning_key())
+        if isinstance(choices, list):
+            self.decode_step.use_choices(choices)
+
+    def _save_choices(self) -> None:
+        """Write the back end's tuned choices for this GPU into tuning.json (a read-only engine is left as it is)."""
+        if self.tuning_file is None or self.device.type != "cuda" or not hasattr(self.decode_step, "choices"):
+            return
+        entries = self._tuning()
+        key, choices = self.decode_step.tuning_key(), self.decode_step.choices()
+        if entries.get(key) == choices:
+            return
+        entries[key] = choices
+        try:
+            staging = self.tuning_file.with_suffix(".json.tmp")
+            staging.write_text(json.dumps(entries, indent=1) + "\n")
+            os.replace(staging, self.tuning_file)
+        except OSError as err:
+            warnings.warn(f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
+                          "will tune them again", stacklevel=2)
 
     def __repr__(self):
         b = self.build_config

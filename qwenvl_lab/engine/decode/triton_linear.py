@@ -67,6 +67,24 @@ _tuned = triton.autotune(CONFIGS, key=["N", "K", "EPILOGUE"], prune_configs_by={
                          restore_value=["y_ptr"])(_fused_linear_kernel)
 
 
+def tuned_choices() -> list[dict]:
+    """The tile shapes the autotuner chose so far: [{"key": [N, K, epilogue, dtypes…], "config": index in CONFIGS}]."""
+    return [{"key": list(key), "config": CONFIGS.index(config)} for key, config in _tuned.cache.items()
+            if config in CONFIGS]
+
+
+def use_choices(choices: list[dict]) -> int:
+    """Hand the autotuner choices made earlier (tuned_choices' form), so it does not time the tiles again: how many
+    were taken (entries that do not name one of CONFIGS are skipped)."""
+    taken = 0
+    for choice in choices:
+        index = choice.get("config") if isinstance(choice, dict) else None
+        if isinstance(index, int) and 0 <= index < len(CONFIGS) and isinstance(choice.get("key"), list):
+            _tuned.cache[tuple(choice["key"])] = CONFIGS[index]
+            taken += 1
+    return taken
+
+
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, swiglu: bool = False, out=None) -> torch.Tensor:
     """x @ weight.T + bias for x [M ≤ 16, K], weight [N, K], both in one dtype (float32 accumulation).
 

@@ -5,7 +5,9 @@ RoPE, the KV-cache write and attention split over the keys in one kernel: seven 
 """
 
 import torch
+import triton
 
+from . import triton_linear
 from .triton_attention import decode_attention
 from .triton_linear import fused_linear, rms_norm
 
@@ -33,3 +35,15 @@ class TritonDecode:
             mlp = fused_linear(rms_norm(x, layer.ln_2, e.eps), layer.gate_fc_t.t(), swiglu=True)
             fused_linear(mlp, layer.proj_t.t(), out=x)  # [n, H]
         return fused_linear(rms_norm(x, e.ln_f, e.eps), e.lm_head_t.t()).float()  # [n, V]
+
+    def tuning_key(self) -> str:
+        """Which tuned choices fit here: the GPU's name and Triton's version."""
+        return f"{torch.cuda.get_device_name(self.engine.device)} | triton {triton.__version__}"
+
+    def choices(self) -> list[dict]:
+        """The autotuner's choices so far (triton_linear.tuned_choices)."""
+        return triton_linear.tuned_choices()
+
+    def use_choices(self, choices: list[dict]) -> int:
+        """Reuse choices made earlier (triton_linear.use_choices): how many were taken."""
+        return triton_linear.use_choices(choices)
