@@ -12,6 +12,7 @@ from pathlib import Path
 # subcommand → (module whose main(argv) runs it, one line of help)
 SUBCOMMANDS = {
     "ask": ("qwenvl_lab.cli", "answer a question about pictures with the course's model or an engine"),
+    "chat": ("qwenvl_lab.cli", "chat about pictures with an engine: streamed answers, boxes saved as pictures"),
     "build": ("qwenvl_lab.cli", "build an engine directory from a Qwen-VL checkpoint"),
     "bench": ("qwenvl_lab.bench", "eager transformers against the engine: speed, memory, the bandwidth limit"),
     "train": ("qwenvl_lab.toy.train", "train the toy model on shape pictures"),
@@ -56,6 +57,71 @@ def ask_main(argv=None) -> int:
     return 0
 
 
+CHAT_HELP = """Type a question and press Enter; the answer streams in. Commands:
+  /image PATH   attach a picture to your next question (repeat for several)
+  /clear        forget the conversation
+  /quit         leave (so do Ctrl-D and Ctrl-C)"""
+
+
+def chat_main(argv=None, read=input, write=print) -> int:
+    """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
+    and saved as a PNG file."""
+    parser = argparse.ArgumentParser(prog="qwenvl-lab chat", description=chat_main.__doc__,
+                                     epilog=CHAT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sample", action="store_true",
+                        help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
+    args = parser.parse_args(argv)
+    from .chat import Conversation, GenerationSettings
+    from .engine import QWenInfer
+    from .resources import output_dir
+    from .toy import course_engine
+    from .widgets import boxes_picture
+
+    infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)
+    settings = GenerationSettings.from_dir(infer.runner.engine_dir, do_sample=args.sample,
+                                           max_new_tokens=args.max_new_tokens)
+    talk = Conversation(infer.runner, infer.vision, infer.tokenizer, settings=settings)
+    boxes_dir = args.boxes or output_dir() / "chat"
+    pictures, turn = [], 0
+    write(CHAT_HELP)
+    while True:
+        try:
+            line = read("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            return 0
+        if line in ("/quit", "/exit"):
+            return 0
+        if line == "/clear":
+            talk.clear()
+            pictures = []
+            write("(conversation cleared)")
+        elif line.startswith("/image"):
+            path = Path(line[len("/image"):].strip())
+            if path.is_file():
+                pictures.append(path)
+                write(f"(picture {path} attached to your next question)")
+            else:
+                write(f"(no picture file at {str(path)!r})")
+        elif line:
+            write("model> ", end="", flush=True)
+            try:
+                answer = "".join(write(piece, end="", flush=True) or piece for piece in talk.stream(line, pictures))
+            except (ValueError, TypeError, FileNotFoundError) as err:
+                write(f"\n(cannot ask: {err})")
+                continue
+            write()
+            pictures, turn = [], turn + 1
+            drawn = boxes_picture(talk, answer)
+            if drawn is not None:
+                boxes_dir.mkdir(parents=True, exist_ok=True)
+                drawn.save(boxes_dir / f"turn-{turn}.png")
+                write(f"(boxes drawn on the picture: {boxes_dir / f'turn-{turn}.png'})")
+
+
 def build_main(argv=None) -> int:
     """`qwenvl-lab build`: a checkpoint's engine directory, with the limits trtllm-build would fix."""
     parser = argparse.ArgumentParser(prog="qwenvl-lab build", description=build_main.__doc__)
@@ -93,7 +159,7 @@ def main(argv=None) -> int:
         parser.parse_args(argv[:1] or ["--help"])
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    run = {"ask": ask_main, "build": build_main}.get(name, getattr(module, "main", None))
+    run = {"ask": ask_main, "chat": chat_main, "build": build_main}.get(name, getattr(module, "main", None))
     try:
         status = run(rest)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError) as err:

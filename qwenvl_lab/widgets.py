@@ -1,16 +1,20 @@
-"""The course's interactive parts: token viewer, prompt-table explorer and ask-the-model panel (logic + widgets)."""
+"""The course's interactive parts: token viewer, prompt-table explorer, ask-the-model panel, chat panel (logic +
+widgets)."""
 
 import html
 import io
+import os
 from dataclasses import dataclass
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from .chat import ModelAsRunner, ask_batch, make_prompt
+from .grounding import draw_boxes, parse_boxes, to_list_format
 from .img_pos import as_batch
 from .prompt_table import single_table_batch
 from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
+from .vision import load_image
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
 KIND_COLORS = {
@@ -317,8 +321,17 @@ def picture_from_upload(value) -> Image.Image:
     try:
         with Image.open(io.BytesIO(bytes(value))) as img:
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"the uploaded file is not a picture PIL can read ({err}); upload a PNG or JPEG") from None
+    except (UnidentifiedImageError, OSError):
+        raise ValueError("the uploaded file is not a picture PIL can read; upload a PNG or JPEG") from None
+
+
+def picture_png(picture, size: int = 160) -> bytes:
+    """A picture (path or PIL image) as PNG bytes, at most `size` pixels on its longer side, for an Image widget."""
+    image = load_image(picture)
+    image.thumbnail((size, size))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: int = 24) -> PanelResult:
@@ -334,8 +347,12 @@ def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: i
     return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
 
 
+UPLOADED = "(the uploaded picture)"  # the dropdown's entry while an upload is the picture
+NO_PICTURE = "(no new picture)"  # the chat panel's entry for a question without a picture
+
+
 def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什么？"):
-    """Widget: choose (or upload) a picture, type a question, see the ids, the prompt table and the answer."""
+    """Widget: choose (or upload) a picture, see it, type a question, see the ids, the prompt table and the answer."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
     from IPython.display import display
@@ -344,27 +361,130 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
         raise ValueError("give at least one picture: {label: path}")
     choice = widgets.Dropdown(options=list(pictures.items()), description="picture")
     upload = widgets.FileUpload(accept="image/*", multiple=False, description="or upload")
+    shown = widgets.Image(format="png")
+    source = widgets.HTML()
     text = widgets.Text(value=question, description="question")
     button = widgets.Button(description="Ask", button_style="primary")
     answer = widgets.HTML()
     ids_view = widgets.HTML()
     table_out = widgets.Output()
 
-    def on_ask(_):
+    def current_picture():
+        return picture_from_upload(upload.value) if upload.value else choice.value
+
+    def show_picture(_=None):
         try:
-            picture = picture_from_upload(upload.value) if upload.value else choice.value
-            result = ask_panel_result(model, tokenizer, picture, text.value)
-        except (ValueError, TypeError, FileNotFoundError) as err:
+            shown.value, source.value = picture_png(current_picture()), html.escape(
+                f"uploaded: {upload.value[0]['name']}" if upload.value else f"sample: {choice.label}")
+        except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
+            shown.value, source.value = b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
+
+    def on_upload(_):
+        if upload.value:
+            choice.options = [(UPLOADED, UPLOADED), *pictures.items()]
+            choice.value = UPLOADED
+        show_picture()
+
+    def on_choice(change):
+        if change["new"] != UPLOADED:  # a sample was picked: it replaces the upload, even the sample shown before
+            if upload.value:
+                upload.value = ()
+            choice.options = list(pictures.items())
+        show_picture()
+
+    def on_ask(_):
+        ids_view.value = ""
+        with table_out:
+            table_out.clear_output()
+        try:
+            result = ask_panel_result(model, tokenizer, current_picture(), text.value)
+        except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
             answer.value = f"<b>cannot ask:</b> {html.escape(str(err))}"
             return
         answer.value = f"<b>answer:</b> {html.escape(result.answer)}"
         ids_view.value = TokenView.of(tokenizer, result.fake_ids).to_html()
         with table_out:
-            table_out.clear_output(wait=True)
             ax = table_heatmap(result.prompt_table)
             display(ax.figure)
             plt.close(ax.figure)
 
     button.on_click(on_ask)
-    choice.observe(lambda _: setattr(upload, "value", ()), names="value")  # a chosen sample replaces an upload
-    return widgets.VBox([widgets.HBox([choice, upload]), widgets.HBox([text, button]), answer, ids_view, table_out])
+    upload.observe(on_upload, names="value")
+    choice.observe(on_choice, names="value")
+    show_picture()
+    return widgets.VBox([widgets.HBox([choice, upload]), widgets.HBox([shown, source]), widgets.HBox([text, button]),
+                         answer, ids_view, table_out])
+
+
+# The chat panel
+
+
+def chat_turn(conversation, question: str, picture=None):
+    """Ask one question of a Conversation (with a new picture or none): yields the answer so far, piece by piece."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("type a question, e.g. 框出图中红色的圆形")
+    answer = ""
+    for piece in conversation.stream(question, [] if picture is None else [picture]):
+        answer += piece
+        yield answer
+
+
+def boxes_picture(conversation, answer: str):
+    """The conversation's latest picture with the answer's <ref>/<box> boxes drawn, or None without boxes (or picture)."""
+    if not conversation.pictures or "<box>" not in answer:
+        return None
+    boxes = parse_boxes(answer, picture=conversation.pictures[-1], strict=False)
+    return draw_boxes(conversation.pictures[-1], boxes) if boxes else None
+
+
+def transcript_html(conversation) -> str:
+    """The conversation so far as HTML: each question (and the pictures it brought), then its answer."""
+    rows = []
+    for query, answer in conversation.history:
+        elements = to_list_format(query)
+        pictures = ", ".join(html.escape(os.path.basename(e["image"])) for e in elements if "image" in e)
+        question = "".join(e.get("text", "") for e in elements)
+        rows.append(f"<div><b>you:</b> {html.escape(question)}{f' <i>[{pictures}]</i>' if pictures else ''}</div>"
+                    f"<div><b>model:</b> {html.escape(answer)}</div>")
+    return "".join(rows)
+
+
+def chat_panel(conversation, pictures: dict, question: str = "框出图中红色的圆形"):
+    """Widget: a chat with the engine — attach a picture (or not), ask, watch the answer stream, see its boxes drawn on
+    the picture; "clear history" starts over."""
+    import ipywidgets as widgets
+
+    if not pictures:
+        raise ValueError("give at least one picture: {label: path}")
+    choice = widgets.Dropdown(options=[(NO_PICTURE, NO_PICTURE), *pictures.items()], description="picture")
+    text = widgets.Text(value=question, description="you")
+    send = widgets.Button(description="Send", button_style="primary")
+    clear = widgets.Button(description="Clear history")
+    transcript, answer = widgets.HTML(), widgets.HTML()
+    boxes = widgets.Image(format="png")
+
+    def on_send(_):
+        send.disabled = True
+        boxes.value = b""
+        try:
+            for so_far in chat_turn(conversation, text.value, None if choice.value == NO_PICTURE else choice.value):
+                answer.value = f"<b>model:</b> {html.escape(so_far)}"
+        except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
+            answer.value = f"<b>cannot ask:</b> {html.escape(str(err))}"
+            return
+        finally:
+            send.disabled = False
+        drawn = boxes_picture(conversation, conversation.history[-1][1])
+        if drawn is not None:
+            boxes.value = picture_png(drawn, size=320)
+        transcript.value, answer.value = transcript_html(conversation), ""
+        choice.value = NO_PICTURE
+
+    def on_clear(_):
+        conversation.clear()
+        transcript.value = answer.value = ""
+        boxes.value = b""
+
+    send.on_click(on_send)
+    clear.on_click(on_clear)
+    return widgets.VBox([widgets.HBox([choice]), widgets.HBox([text, send, clear]), transcript, answer, boxes])

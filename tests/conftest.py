@@ -61,3 +61,14 @@ def tiny_engine(tiny_checkpoint, tmp_path_factory):
     config = BuildConfig(max_batch_size=8, max_input_len=768, max_seq_len=800, max_prompt_embedding_table_size=256 * 2 * 8,
                          dtype="float32", max_beam_width=3)
     return build_engine(tiny_checkpoint, tmp_path_factory.mktemp("tiny-engine"), config)
+
+
+@pytest.fixture(scope="session")
+def toy_chat(tmp_path_factory):
+    """(runner, vision tower, tokenizer) of the shipped toy model built as an engine: one request of up to 4 pictures."""
+    from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
+    from qwenvl_lab.toy import TOY_DIR
+
+    config = BuildConfig(max_batch_size=1, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=1024)
+    engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), config)
+    return ModelRunner.from_dir(engine), load_engine_vision_tower(engine), load_tokenizer(engine)

@@ -9,7 +9,6 @@ import torch
 
 from qwenvl_lab import chat
 from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, TextStream
-from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.files import CheckpointError
 from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID
 from qwenvl_lab.toy import TOY_DIR
@@ -18,13 +17,8 @@ IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """(runner, vision tower, tokenizer) of the shipped toy model built as an engine (one request, four pictures)."""
-    from qwenvl_lab.tokenizing import load_tokenizer
-
-    config = BuildConfig(max_batch_size=1, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=1024)
-    engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), config)
-    return ModelRunner.from_dir(engine), load_engine_vision_tower(engine), load_tokenizer(engine)
+def toy(toy_chat):
+    return toy_chat
 
 
 class CountingVision:

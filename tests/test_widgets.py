@@ -3,6 +3,7 @@
 import html
 import io
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,13 +13,15 @@ from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding,
 from qwenvl_lab.tokenizing import (
     IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE, TOKEN_KINDS, make_context,
 )
+from qwenvl_lab.chat import SPAN_NAME
 from qwenvl_lab.toy.evaluate import ask
-from qwenvl_lab.toy.train import SPAN_NAME
 from qwenvl_lab.widgets import (
-    ID_STYLE, KIND_COLORS, PanelResult, TokenView, ask_panel, ask_panel_result, describe_lookup, kind_legend_html,
-    lookup_rows, picture_from_upload, plot_token_kinds, table_explorer, table_heatmap, token_label, token_viewer,
+    ID_STYLE, KIND_COLORS, UPLOADED, PanelResult, TokenView, ask_panel, ask_panel_result, describe_lookup,
+    kind_legend_html, lookup_rows, picture_from_upload, plot_token_kinds, table_explorer, table_heatmap, token_label,
+    token_viewer,
 )
 
+IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 widgets = pytest.importorskip("ipywidgets")
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -272,8 +275,9 @@ def test_picture_from_upload():
     assert picture_from_upload(data).size == (20, 20)
     with pytest.raises(ValueError, match="no file uploaded"):
         picture_from_upload(())
-    with pytest.raises(ValueError, match="not a picture"):
+    with pytest.raises(ValueError, match="not a picture") as err:
         picture_from_upload(b"not a png")
+    assert "BytesIO" not in str(err.value) and " at 0x" not in str(err.value)  # no object repr for the learner
     with pytest.raises(ValueError, match="'content'"):
         picture_from_upload([{"name": "x"}])
     with pytest.raises(TypeError, match="expected uploaded bytes, got str"):
@@ -306,32 +310,82 @@ def test_ask_panel_result_with_a_pil_picture_and_bad_questions(tiny_model, token
         ask_panel_result(tiny_model, tokenizer, picture, "  ")
 
 
-def test_ask_panel_button_shows_ids_table_and_answer(tiny_model, tokenizer, image_files):
+def upload_of(name, data):
+    """A FileUpload value (ipywidgets 8) holding one file."""
+    return ({"name": name, "type": "image/png", "size": len(data), "content": memoryview(data),
+             "last_modified": datetime.now(timezone.utc)},)
+
+
+def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tokenizer, image_files):
     panel = ask_panel(tiny_model, tokenizer, {"red": str(image_files["red"]), "missing": "nope.png"})
-    (choice, upload), (text, button), answer, ids_view, _ = [
+    (choice, upload), (shown, source), (text, button), answer, ids_view, _ = [
         getattr(w, "children", w) for w in panel.children
     ]
+    assert shown.value and source.value == "sample: red"  # the picture asked about is on screen
     text.value = "What color is the circle?"
     button.click()
     expected = ask_panel_result(tiny_model, tokenizer, str(image_files["red"]), text.value)
     assert answer.value == f"<b>answer:</b> {html.escape(expected.answer)}"
     assert ids_view.value == TokenView.of(tokenizer, expected.fake_ids).to_html()
     choice.value = "nope.png"
+    assert not shown.value and "cannot show the picture" in source.value
     button.click()
     assert answer.value.startswith("<b>cannot ask:</b> image file not found: &#x27;nope.png&#x27;")
+    assert ids_view.value == ""  # an error leaves nothing of the previous answer
     text.value = ""
     choice.value = str(image_files["red"])
     button.click()
     assert "type a question" in answer.value
     text.value = "What color is the circle?"
-    data = png_bytes((0, 0, 250))
-    upload.value = ({"name": "blue.png", "type": "image/png", "size": len(data), "content": memoryview(data),
-                     "last_modified": datetime.now(timezone.utc)},)
+    upload.value = upload_of("blue.png", png_bytes((0, 0, 250)))
+    assert choice.value == choice.label == UPLOADED and source.value == "uploaded: blue.png"
     button.click()
     uploaded = ask_panel_result(tiny_model, tokenizer, picture_from_upload(upload.value), text.value)
     assert answer.value == f"<b>answer:</b> {html.escape(uploaded.answer)}"
     assert ids_view.value == TokenView.of(tokenizer, uploaded.fake_ids).to_html()
-    choice.value = "nope.png"  # choosing a sample drops the upload
-    assert upload.value == ()
+    choice.value = str(image_files["red"])  # picking a sample, even the one shown before, drops the upload
+    assert upload.value == () and source.value == "sample: red" and UPLOADED not in [label for label, _ in choice.options]
+    upload.value = upload_of("junk.png", b"not a picture")
+    button.click()
+    assert "not a picture PIL can read" in answer.value and "BytesIO" not in answer.value
     with pytest.raises(ValueError, match="at least one picture"):
         ask_panel(tiny_model, tokenizer, {})
+
+
+# The chat panel
+
+
+def test_chat_turn_streams_and_boxes_are_drawn_on_the_latest_picture(toy_chat):
+    from qwenvl_lab.chat import Conversation, GenerationSettings
+    from qwenvl_lab.widgets import boxes_picture, chat_turn, transcript_html
+
+    runner, vision, tokenizer = toy_chat
+    talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))
+    picture = str(IMAGES / "red_circle.png")
+    partial = list(chat_turn(talk, "What is in the picture?", picture))
+    assert partial[-1] == "A red circle." and all(b.startswith(a) for a, b in zip(partial, partial[1:]))
+    assert boxes_picture(talk, partial[-1]) is None  # no box in that answer
+    drawn = boxes_picture(talk, "<ref>the red circle</ref><box>(299,299),(701,701)</box>")
+    original = Image.open(picture).convert("RGB")
+    assert drawn.size == original.size and drawn.getpixel((67, 112)) != original.getpixel((67, 112))  # the left edge
+    assert "red_circle.png" in transcript_html(talk) and "A red circle." in transcript_html(talk)
+    with pytest.raises(ValueError, match="type a question"):
+        list(chat_turn(talk, " "))
+
+
+def test_chat_panel_sends_streams_and_clears(toy_chat):
+    from qwenvl_lab.chat import Conversation, GenerationSettings
+    from qwenvl_lab.widgets import NO_PICTURE, chat_panel
+
+    runner, vision, tokenizer = toy_chat
+    talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))
+    panel = chat_panel(talk, {"red circle": str(IMAGES / "red_circle.png")}, "What is in the picture?")
+    (choice,), (text, send, clear), transcript, answer, boxes = [getattr(w, "children", w) for w in panel.children]
+    choice.value = str(IMAGES / "red_circle.png")
+    send.click()
+    assert "A red circle." in transcript.value and answer.value == "" and choice.value == NO_PICTURE
+    text.value = "How many shapes are there?"
+    send.click()
+    assert len(talk.history) == 2 and "One." in transcript.value and not send.disabled
+    clear.click()
+    assert talk.history == [] and transcript.value == ""
