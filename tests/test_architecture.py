@@ -23,7 +23,7 @@ LAYERS = [
     ["engine"],
     ["trtllm"],
     ["toy"],
-    ["widgets"],
+    ["widgets", "course_map", "exercises"],
     ["bench", "doctor", "lab"],
     ["cli"],
 ]
