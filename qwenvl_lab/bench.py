@@ -1,4 +1,4 @@
-"""Benchmark: eager transformers `generate` against the engine — TTFT, decode speed vs the bandwidth limit, peak memory.
+"""Notebook 07 — the benchmark: eager `generate` against the engine — TTFT, decode speed, bandwidth limit, memory.
 
     python -m qwenvl_lab.bench --model toy --device cpu --batch 1 2 4 8 --new-tokens 32 --json toy-cpu.json
     python -m qwenvl_lab.bench --model qwen-vl-chat --device cuda --dtype float16 --json data/benchmarks/h200.json

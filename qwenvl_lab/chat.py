@@ -1,4 +1,4 @@
-"""Chat — pictures and a question (after earlier turns) in, an answer out, for any runner.
+"""Notebook 06 — the chat: pictures and a question (after earlier turns) in, an answer out, for any runner.
 
 The course's pipeline in one place: `make_context` → `img_pos` → fake prompt ids → the prompt table (one per
 request, TensorRT-LLM's in-flight convention) → `generate` → the answer, cut at the first stop id and decoded.

@@ -1,4 +1,4 @@
-"""Grounding: read Qwen-VL's `<ref>…</ref><box>(x1,y1),(x2,y2)</box>` answers, scale the boxes, draw them.
+"""Notebook 06 — grounding: read Qwen-VL's `<ref>…</ref><box>(x1,y1),(x2,y2)</box>` answers, scale the boxes, draw them.
 
 Reading. `to_list_format` turns token ids, a `Query` or plain text into the list format of
 `tokenizer.from_list_format`, and is its inverse. In ids and Queries the tags are the special tokens 151851–151854

@@ -1,4 +1,4 @@
-"""Qwen-VL-Chat's language model as a TensorRT-LLM unified checkpoint (config.json + rank{N}.safetensors), and back.
+"""Notebook 05 — Qwen-VL-Chat's LM as a TensorRT-LLM unified checkpoint (config.json + rank{N}.safetensors), and back.
 
 The format `trtllm-build` reads, and the layout the package's own engine keeps its language model in.
 """

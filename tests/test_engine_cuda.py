@@ -62,12 +62,11 @@ def test_fp16_engine_logits_close_to_eager_fp16(checkpoint, tmp_path):
 
 
 def test_bench_on_cuda(tmp_path):
-    # 64 new tokens: the tiny model decodes a token in ~0.1 ms on an H200, and over 16 tokens that was within the
-    # jitter of the 1-token run (the benchmark then refuses to report; it happened once in four runs)
+    """The benchmark end to end on the GPU (64 new tokens: enough that a run takes clearly longer than one token)."""
     report = bench.main(["--model", "tiny", "--device", "cuda", "--batch", "1", "2", "--new-tokens", "64",
                          "--repeats", "3", "--json", tmp_path / "b.json"])
-    assert report["settings"]["cuda_graphs"] and report["hardware"]["gpu"]
-    assert all(r["peak_mem_mb"] > 0 and r["decode_tokens_per_s"] > 0 for r in report["results"])
+    assert report["settings"]["cuda_graphs"] and report["settings"]["decode_backend"] == "triton"
+    assert report["hardware"]["gpu"] and all(r["decode_tokens_per_s"] > 0 for r in report["results"])
 
 
 def test_warm_up_saves_the_tuned_choices_and_a_second_load_reuses_them(engine_dir, tmp_path, monkeypatch):

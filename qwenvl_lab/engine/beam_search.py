@@ -1,4 +1,4 @@
-"""Engine, beam search — k beams per request with transformers' semantics (2k candidates, length penalty, early stop)."""
+"""Notebook 06 — beam search: k beams a request, transformers' semantics (2k candidates, length penalty, early stop)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Engine, build — fix the limits once, write the LM in TensorRT-LLM's layout and dtype, the vision tower beside it.
+"""Notebook 05 — building the engine: the limits fixed once, the LM in TensorRT-LLM's layout, the vision tower beside.
 
 An engine directory holds config.json (the limits and the model), llm/ (a TensorRT-LLM unified checkpoint), vision/
 (the vision tower), qwen.tiktoken when the checkpoint has one, and manifest.json, written last. A build writes into

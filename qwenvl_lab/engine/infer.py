@@ -1,4 +1,4 @@
-"""Engine, inference — run.py's `generate_for_qwenvl` and `QWenInfer.qwen_infer` on the package's engine."""
+"""Notebook 06 — run.py's `generate_for_qwenvl` and `QWenInfer.qwen_infer` on the package's engine."""
 
 import warnings
 

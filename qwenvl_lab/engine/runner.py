@@ -1,4 +1,4 @@
-"""Engine, runner — TensorRT-LLM's ModelRunner in PyTorch: requests checked against the build limits, then generated."""
+"""Notebook 06 — the engine's runner: TensorRT-LLM's ModelRunner in PyTorch, each request checked, then generated."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Engine, sampling — pick the next token: greedy, or temperature / top-k / top-p sampling (TensorRT-LLM's knobs)."""
+"""Notebook 06 — sampling: the next token, greedy or drawn with temperature, top-k and top-p (TensorRT-LLM's knobs)."""
 
 import torch
 

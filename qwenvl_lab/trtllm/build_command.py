@@ -1,4 +1,4 @@
-"""Step 10 — the `trtllm-build` command that makes the checkpoint an engine with a prompt-table input; running it."""
+"""Notebook 05 — the `trtllm-build` command that builds an engine with a prompt-table input, and running it."""
 
 import json
 import shlex

@@ -1,4 +1,4 @@
-"""Step 8a — the vision tower to ONNX (opset 17, `input` [B, 3, S, S] → `output` [B, 256, H]) and run it on the CPU."""
+"""Notebook 05 — the vision tower as ONNX (opset 17, `input` [B, 3, S, S] → `output` [B, 256, H]), run on a CPU."""
 
 import copy
 import warnings

@@ -1,4 +1,4 @@
-"""Step 12 — the whole TensorRT path: export, plan, convert, build, answer one question (`make trtllm`).
+"""Notebook 05 — the whole TensorRT path: export, plan, convert, build, answer one question (`make trtllm`).
 
     python -m qwenvl_lab.trtllm.pipeline --checkpoint DIR --image PATH --question "图片里是什么？" --workdir DIR
 

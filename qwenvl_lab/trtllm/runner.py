@@ -1,4 +1,4 @@
-"""Step 11 — running the engine: TensorRT-LLM's ModelRunnerCpp behind our engine's `generate`, requests checked."""
+"""Notebook 05 — TensorRT-LLM's ModelRunnerCpp behind the engine's `generate`, every request checked first."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Step 8b — the vision tower as a TensorRT plan: built from the ONNX file (FP16, batches 1/1/4), run on the GPU."""
+"""Notebook 05 — the vision tower as a TensorRT plan: built from the ONNX file (FP16, batches 1/1/4), run on the GPU."""
 
 from pathlib import Path
 
