@@ -1,0 +1,96 @@
+"""Exercises of notebook 05 (building the engine): the table size, the trtllm-build command, weight names, `tasks`."""
+
+from ..layout import trtllm_name
+from ..limits import BuildConfig, prompt_table_size
+from . import exercise
+
+PACKED = ((0, 287), (1, 289))  # exercise 05.4: (batch position, prompt ids) of the two packed requests
+STEP_BEAMS = ((0, 3), (1, 1))  # exercise 05.5: (batch position, beams) in a generation step
+
+
+def int_list(value):
+    """A sequence of ints as a list (a tensor too), or None when it is not one."""
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        items = list(value)
+    except TypeError:
+        return None
+    try:
+        return [int(i) for i in items]
+    except (TypeError, ValueError):
+        return None
+
+
+@exercise("05.1", "--max_prompt_embedding_table_size for up to 4 requests of up to 3 pictures each")
+def check_table_size(size):
+    if isinstance(size, bool) or not isinstance(size, int):
+        return "answer with an int, a number of table rows"
+    if size == prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=3):
+        return None
+    if size == prompt_table_size(BuildConfig(max_batch_size=1), images_per_request=3):
+        return "that is one request's share; the engine holds a block for every request it may run at once"
+    if size == prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=1):
+        return "that holds one picture per request; each request may bring three"
+    return "count the rows one picture fills, then the pictures of one request, then the requests"
+
+
+@exercise("05.2", "the trtllm-build command for float16, 4 requests of up to 2 pictures, 1024 input / 2048 total ids")
+def check_command(command):
+    if not isinstance(command, (list, tuple)) or not command or not all(isinstance(p, str) for p in command):
+        return "give the list of strings trtllm_build_command returns"
+    if command[0] != "trtllm-build" or len(command) % 2 == 0:
+        return "give the whole list trtllm_build_command returns: 'trtllm-build', then flag and value pairs"
+    flags = dict(zip(command[1::2], command[2::2]))
+    wanted = {"--gemm_plugin": "float16", "--max_batch_size": "4", "--max_input_len": "1024", "--max_seq_len": "2048"}
+    for flag, value in wanted.items():
+        if flags.get(flag) != value:
+            return f"{flag} is {flags.get(flag)!r}: check the BuildConfig's limits and dtype against the question"
+    table = str(prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=2))
+    if flags.get("--max_prompt_embedding_table_size") != table:
+        return "the table holds too few rows: tell trtllm_build_command how many pictures a request may bring"
+    if not flags.get("--output_dir", "").endswith("my_engine"):
+        return "write the engine to WORK / 'my_engine'"
+    return None
+
+
+@exercise("05.3", "the TensorRT-LLM checkpoint name of Qwen-VL-Chat's transformer.h.1.mlp.w2.weight")
+def check_weight_name(name):
+    if not isinstance(name, str):
+        return "answer with the weight's name, a str"
+    if name == trtllm_name("transformer.h.1.mlp.w2.weight"):
+        return None
+    if ".h.1." in name:
+        return "TensorRT-LLM names the blocks transformer.layers.N, not transformer.h.N"
+    if name == trtllm_name("transformer.h.1.mlp.w1.weight"):
+        return "that is where w1 goes; w2 is the input the activation is applied to (section 2)"
+    return "rename the block as TensorRT-LLM does, then the MLP input as section 2's swap says"
+
+
+@exercise("05.4", "the engine's tasks input for a packed context step of 287 and 289 prompt ids")
+def check_packed_tasks(tasks):
+    tasks = int_list(tasks)
+    if tasks is None:
+        return "answer with a list of ints"
+    expected = [position for position, tokens in PACKED for _ in range(tokens)]
+    if tasks == expected:
+        return None
+    if tasks == [position for position, _ in PACKED]:
+        return ("that is one task per request, what generate takes; the engine's input has one per token of the "
+                "packed batch")
+    if len(tasks) != len(expected):
+        return f"{len(tasks)} values: the packed batch has {len(expected)} tokens, and tasks one value for each"
+    return "each token carries the batch position of the request it belongs to, in the packed order"
+
+
+@exercise("05.5", "the engine's tasks input for a generation step: position 0 with 3 beams, position 1 greedy")
+def check_step_tasks(tasks):
+    tasks = int_list(tasks)
+    if tasks is None:
+        return "answer with a list of ints"
+    expected = [position for position, beams in STEP_BEAMS for _ in range(beams)]
+    if tasks == expected:
+        return None
+    if tasks == [position for position, _ in STEP_BEAMS]:
+        return "in a generation step every beam feeds a token of its own"
+    return "a generation step feeds one token per beam of each request, in batch order"
