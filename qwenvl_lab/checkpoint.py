@@ -91,10 +91,11 @@ def _shard_tensors(path: Path, keep=None):
     except (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
         raise CheckpointError(f"{path} cannot be read as a weight file ({err}); it is truncated or damaged: "
                               "re-download it") from None
-    bad = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None) \
-        if isinstance(state, dict) else "the file"
+    bad = next((k for k, v in state.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))), None) \
+        if isinstance(state, dict) else type(state).__name__
     if bad is not None:
-        raise CheckpointError(f"{path} is not a state dict of tensors ({bad!r} is not a tensor); re-download it")
+        raise CheckpointError(f"{path} is not a state dict of named tensors ({bad!r} is not a weight name with a "
+                              "tensor); re-download it")
     yield from ((key, value) for key, value in state.items() if keep is None or keep(key))
 
 

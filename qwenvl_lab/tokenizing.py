@@ -106,7 +106,7 @@ def _encode_ordinary(encoding: tiktoken.Encoding, text: str, cut: int = SPACE_RU
     for run in re.finditer(f"[{HORIZONTAL_SPACE}]{{{cut},}}", text):
         a, b = run.span()
         if text[b : b + 1] in ("\r", "\n"):
-            continue  # `\\s*[\\r\\n]+` takes the run with the line breaks after it, without the regex's stack
+            continue  # `\s*[\r\n]+` takes the run with the line breaks after it, without the regex's stack
         end = b if b == len(text) else b - 1
         ids += encoding.encode_ordinary(text[start:a]) + encoding._encode_single_piece(text[a:end].encode("utf-8"))
         start = end
@@ -354,7 +354,7 @@ class QWenTokenizer:
                 raise TypeError(f"element {k} must be a dict, got {type(element).__name__}")
             keys = set(element)
             if keys not in ({"image"}, {"text"}, {"box"}, {"ref"}, {"box", "ref"}):
-                raise ValueError(f"element {k} has keys {sorted(keys)}; use one of {{'image'}}, {{'text'}}, "
+                raise ValueError(f"element {k} has keys {sorted(keys, key=repr)}; use one of {{'image'}}, {{'text'}}, "
                                  "{'box', 'ref'}, {'box'} or {'ref'}")
             if "image" in element:
                 n_images += 1

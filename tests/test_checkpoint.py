@@ -283,7 +283,7 @@ def test_damaged_bin_file_names_the_file(small_checkpoint, tmp_path, damage):
     data = (target / "pytorch_model.bin").read_bytes()
     if damage == "not_tensors":
         torch.save({"weights": [1, 2, 3]}, target / "pytorch_model.bin")
-        match = "is not a state dict of tensors \\('weights' is not a tensor\\)"
+        match = "is not a state dict of named tensors \\('weights' is not a weight name with a tensor\\)"
     else:
         (target / "pytorch_model.bin").write_bytes(data[: len(data) // 2] if damage == "truncated" else b"x" * 1000)
         match = "cannot be read as a weight file .*re-download it"

@@ -169,7 +169,7 @@ def test_adding_text_to_a_query_keeps_its_images(tok):
     _, context = make_context(tok, "Say: " + tok.from_list_format([{"image": "a.jpg"}]))
     assert context.count(IMAGE_START_ID) == 1
     with pytest.raises(TypeError, match="unsupported operand"):
-        query + 5  # noqa: B018
+        query + 5
 
 
 def test_text_meeting_at_the_seam_encodes_as_one_text(tok):
@@ -309,6 +309,7 @@ def test_from_list_format_box_and_ref(tok):
     ([{"box": [(1, 2, 3, 1001)]}], ValueError, "0–1000 scale, got 1001"),
     ([{"box": [(1, 2.5, 3, 4)]}], TypeError, "must be an int"),
     ([{"image": 42}], TypeError, "str or os.PathLike"),
+    ([{"text": "a", 1: "b"}], ValueError, r"element 0 has keys \['text', 1\]"),  # keys of mixed types
 ])
 def test_from_list_format_errors(tok, bad, error, match):
     with pytest.raises(error, match=match):

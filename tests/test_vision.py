@@ -1,12 +1,14 @@
 """Tests for step 4a: picture preprocessing and the vision tower (ViT + resampler) that makes `input_vit`."""
 
 import math
+import struct
+import zlib
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageOps
+from PIL import Image
 from torch import nn
 
 from qwenvl_lab.modeling import QWEN_VL_CHAT_VISUAL
@@ -123,6 +125,16 @@ def test_non_image_file_is_a_clear_value_error(tmp_path):
     fake.write_text("not a picture")
     with pytest.raises(ValueError, match=r"cannot read .*notes.png.* as an image"):
         preprocess_images([fake], SIZE)
+
+
+def test_picture_too_large_to_decode(tmp_path):
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)  # 100,000 × 100,000 RGB
+    (tmp_path / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    with pytest.raises(ValueError, match=r"cannot read .*bomb.png.* as an image \(Image size \(10000000000 pixels\)"):
+        load_image(tmp_path / "bomb.png")
 
 
 def test_no_pictures():
