@@ -229,6 +229,7 @@ def picture_file(tmp_path_factory):
     return tmp_path_factory.mktemp("fuzz-pictures") / "picture"
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Pillow's notes on the damaged EXIF and TIFF tags it skips
 @fuzz(300)
 @given(fmt=st.sampled_from(sorted(PICTURES)), edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
                                                                         st.integers(0, 255)), max_size=4),
