@@ -1,17 +1,19 @@
 """Step 7 — checkpoints: load a directory in Qwen-VL-Chat's layout, checking every key, and make tiny ones."""
 
 import json
+import pickle
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from .files import CheckpointError
-from .modeling import QWenLMHeadModel, QWenVLConfig
-from .prompt_table import to_torch_dtype
+from .files import CheckpointError, read_json
+from .modeling import QWenLMHeadModel, QWenVLConfig, check_visual
+from .prompt_table import first_non_finite, to_torch_dtype
 from .vision import VisionTransformer
 
+REPAIR = "re-download the file or repair it"
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -23,33 +25,82 @@ TINY_CONFIG = dict(
 )
 
 
+def _shard_path(checkpoint_dir: Path, name, source: str) -> Path:
+    """The weight file `name` (as `source` names it) inside checkpoint_dir; refused when it points outside.
+
+    A Hugging Face cache snapshot (`…/snapshots/<revision>/`) may link its files into the repository's `blobs/`.
+    """
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise CheckpointError(f"{source} names the weight file {name!r}, which is not a file name; "
+                              "re-download the checkpoint or repair the file")
+    if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+        raise CheckpointError(f"{source} names the weight file {name!r}, outside the checkpoint directory "
+                              f"{checkpoint_dir}; weight files must lie inside it: re-download the checkpoint")
+    try:
+        root, target = checkpoint_dir.resolve(), (checkpoint_dir / name).resolve()
+    except (OSError, RuntimeError) as err:  # a symlink loop, a name too long
+        raise CheckpointError(f"{source} names the weight file {name!r}, which cannot be resolved ({err})") from None
+    hf_blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    if not target.is_relative_to(root) and target.parent != hf_blobs:
+        raise CheckpointError(f"{source} names the weight file {name!r}, a link to {target} outside the checkpoint "
+                              f"directory {checkpoint_dir}; weight files must lie inside it: copy them in")
+    return checkpoint_dir / name
+
+
 def weight_files(checkpoint_dir: Path) -> list[Path]:
-    """The weight shards of a checkpoint directory (via its index file when sharded)."""
+    """The weight shards of a checkpoint directory (via its index file when sharded), each checked to lie inside it."""
     for name in INDEX_FILES:
-        if (checkpoint_dir / name).is_file():
-            weight_map = json.loads((checkpoint_dir / name).read_text())["weight_map"]
-            files = [checkpoint_dir / f for f in dict.fromkeys(weight_map.values())]
-            missing = [f.name for f in files if not f.is_file()]
+        index_file = checkpoint_dir / name
+        if index_file.is_file():
+            index = read_json(index_file, REPAIR)
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index_file} has no weight_map (weight name → shard file); "
+                                      "re-download the file or repair it")
+            files = [_shard_path(checkpoint_dir, f, str(index_file)) for f in dict.fromkeys(weight_map.values())]
+            missing = [str(f.relative_to(checkpoint_dir)) for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"{name} in {checkpoint_dir} names shards that are missing: {missing}")
             return files
     for name in SINGLE_FILES:
         if (checkpoint_dir / name).is_file():
-            return [checkpoint_dir / name]
+            return [_shard_path(checkpoint_dir, name, str(checkpoint_dir))]
     raise CheckpointError(
         f"no weights in {checkpoint_dir}: expected one of {INDEX_FILES + SINGLE_FILES} (Qwen-VL-Chat's layout)"
     )
 
 
-def iter_weights(checkpoint_dir, keep=None):
-    """(key, tensor) for each weight of a checkpoint directory whose key passes `keep`, one shard open at a time."""
-    for path in weight_files(Path(checkpoint_dir)):
+def _shard_tensors(path: Path, keep=None):
+    """(key, tensor) for each tensor of one weight file whose key passes `keep`; a damaged file is a CheckpointError."""
+    try:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as shard:
                 yield from ((key, shard.get_tensor(key)) for key in shard.keys() if keep is None or keep(key))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            yield from ((key, value) for key, value in state.items() if keep is None or keep(key))
+            return
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
+        raise CheckpointError(f"{path} cannot be read as a weight file ({err}); it is truncated or damaged: "
+                              "re-download it") from None
+    bad = next((k for k, v in state.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))), None) \
+        if isinstance(state, dict) else type(state).__name__
+    if bad is not None:
+        raise CheckpointError(f"{path} is not a state dict of named tensors ({bad!r} is not a weight name with a "
+                              "tensor); re-download it")
+    yield from ((key, value) for key, value in state.items() if keep is None or keep(key))
+
+
+def iter_weights(checkpoint_dir, keep=None):
+    """(key, tensor) for each weight of a checkpoint directory whose key passes `keep`, one shard open at a time.
+
+    A weight holding NaN or ±inf is refused by its key.
+    """
+    for path in weight_files(Path(checkpoint_dir)):
+        for key, tensor in _shard_tensors(path, keep):
+            bad = first_non_finite(tensor) if tensor.is_floating_point() else None
+            if bad is not None:
+                raise CheckpointError(f"weight {key} in {path} holds {float(tensor[bad])} at index {list(bad)}; the file "
+                                      "is damaged or the checkpoint diverged in training: re-download it")
+            yield key, tensor
 
 
 def read_state_dict(checkpoint_dir, keep=None) -> dict[str, torch.Tensor]:
@@ -59,6 +110,7 @@ def read_state_dict(checkpoint_dir, keep=None) -> dict[str, torch.Tensor]:
 
 def vision_tower_from(visual_config: dict, state: dict, dtype=None) -> VisionTransformer:
     """A VisionTransformer built from a `visual` config and its weights (keys without the `transformer.visual.` prefix)."""
+    check_visual(visual_config)
     with torch.device("meta"):
         tower = VisionTransformer(**visual_config)
     check_state_dict(state, tower.state_dict())
@@ -76,14 +128,23 @@ def load_visual_tower(checkpoint_dir, dtype=torch.float32) -> VisionTransformer:
 
 
 def load_config(checkpoint_dir) -> QWenVLConfig:
-    """Read config.json of a Qwen-VL checkpoint directory."""
+    """Read config.json of a Qwen-VL checkpoint directory; a value a model cannot use is named with the file."""
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
+        if checkpoint_dir.exists():
+            raise NotADirectoryError(f"{str(checkpoint_dir)!r} is a file; point at the checkpoint directory that holds it")
         raise FileNotFoundError(f"checkpoint directory not found: {str(checkpoint_dir)!r}")
     config_file = checkpoint_dir / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{checkpoint_dir} has no config.json; point at a Qwen-VL-Chat checkpoint directory")
-    return QWenVLConfig.from_dict(json.loads(config_file.read_text()))
+    fields = read_json(config_file, REPAIR)
+    try:
+        return QWenVLConfig.from_dict(fields)
+    except TypeError as err:
+        raise CheckpointError(f"{config_file} has a value of the wrong type: {err}; repair the file "
+                              "(Qwen-VL-Chat's config.json has the types of QWenVLConfig())") from None
+    except Exception as err:  # transformers' own fields raise their own errors: the file's content is at fault
+        raise CheckpointError(f"{config_file} has a value a Qwen-VL model cannot use: {err}; repair the file") from None
 
 
 def check_state_dict(state: dict, expected: dict) -> None:
@@ -102,6 +163,9 @@ def check_state_dict(state: dict, expected: dict) -> None:
 def load_checkpoint(checkpoint_dir, dtype=None, device="cpu") -> QWenLMHeadModel:
     """Load a Qwen-VL-Chat-layout directory (config.json + sharded safetensors/.bin) into QWenLMHeadModel."""
     config = load_config(checkpoint_dir)
+    generation_config = Path(checkpoint_dir) / "generation_config.json"
+    if generation_config.is_file():
+        read_json(generation_config, REPAIR)  # a damaged copy is named here, before transformers or a chat loop reads it
     with torch.device("meta"):
         model = QWenLMHeadModel(config)
     state = read_state_dict(checkpoint_dir)

@@ -21,6 +21,8 @@ def read_json(path, fix: str) -> dict:
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
                               f"{fix}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path} nests its JSON too deeply to read; {fix}") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path} must hold a JSON object, found {type(value).__name__}; {fix}")
     return value

@@ -6,6 +6,9 @@ the original way (decode the path from the span, run the vision tower, overwrite
 or TensorRT-LLM's way (fake ids ≥ vocab_size looked up in a runtime `prompt_table`).
 """
 
+import math
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,7 +16,7 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .img_pos import locate_img_pos
+from .img_pos import check_int, locate_img_pos
 from .injection import overwrite_image_spans
 from .prompt_table import prompt_tuning_embedding
 from .tokenizing import IMAGE_START_ID, decode_image_path
@@ -21,6 +24,69 @@ from .vision import Resampler, VisionTransformer, sincos_pos_embed_2d
 
 QWEN_VL_CHAT_VISUAL = dict(heads=16, image_size=448, image_start_id=IMAGE_START_ID, layers=48, mlp_ratio=4.9231,
                            output_dim=4096, patch_size=14, width=1664)
+CONFIG_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "kv_channels", "seq_length", "max_position_embeddings")
+CONFIG_FLAGS = ("use_dynamic_ntk", "use_logn_attn", "no_bias", "tie_word_embeddings")
+VISUAL_SIZES = ("heads", "image_size", "layers", "output_dim", "patch_size", "width")
+
+
+def check_number(name: str, value, minimum: float, maximum: float = math.inf, open_minimum: bool = True) -> float:
+    """A finite real `value` in its range: a TypeError for a non-number (bool, str …), a ValueError outside it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum) or value > maximum:
+        low = f"{'>' if open_minimum else '>='} {minimum:g}"
+        raise ValueError(f"{name} must be a finite number {low}{f' and <= {maximum:g}' if maximum < math.inf else ''}, "
+                         f"got {value!r}")
+    return value
+
+
+def check_config(config: "QWenVLConfig") -> None:
+    """Raise a TypeError (wrong type) or ValueError (wrong value) naming the first config field a model cannot use."""
+    for key in CONFIG_SIZES:
+        check_int(key, getattr(config, key), 1)
+    for key in CONFIG_FLAGS:
+        if not isinstance(getattr(config, key), bool):
+            raise TypeError(f"{key} must be true or false, got {type(getattr(config, key)).__name__} "
+                            f"{getattr(config, key)!r}")
+    check_number("layer_norm_epsilon", config.layer_norm_epsilon, 0)
+    check_number("rotary_emb_base", config.rotary_emb_base, 0)
+    check_number("initializer_range", config.initializer_range, 0, open_minimum=False)
+    check_number("rotary_pct", config.rotary_pct, 0, 1)
+    rot_dim = int(config.kv_channels * config.rotary_pct)
+    if rot_dim < 2 or rot_dim % 2:
+        raise ValueError(f"kv_channels {config.kv_channels} × rotary_pct {config.rotary_pct} gives {rot_dim} rotary "
+                         "dims per head; RoPE needs an even number >= 2")
+    if config.kv_channels * config.num_attention_heads != config.hidden_size:
+        raise ValueError(f"kv_channels {config.kv_channels} × heads {config.num_attention_heads} must equal "
+                         f"hidden_size {config.hidden_size}")
+    check_visual(config.visual)
+    if config.visual["output_dim"] != config.hidden_size:
+        raise ValueError(f"visual output_dim {config.visual['output_dim']} must equal hidden_size {config.hidden_size}")
+
+
+def check_visual(visual) -> None:
+    """Raise a TypeError or ValueError naming the first field of a `visual` config the vision tower cannot use."""
+    if not isinstance(visual, dict):
+        raise TypeError(f"visual must be a dict of the vision tower's fields, got {type(visual).__name__}")
+    missing = sorted(set(QWEN_VL_CHAT_VISUAL) - set(visual))
+    if missing:
+        raise ValueError(f"visual lacks {missing}; Qwen-VL's visual config holds {sorted(QWEN_VL_CHAT_VISUAL)}")
+    for key in VISUAL_SIZES:
+        check_int(f"visual.{key}", visual[key], 1)
+    check_int("visual.image_start_id", visual["image_start_id"], 0)
+    check_number("visual.mlp_ratio", visual["mlp_ratio"], 0)
+    if visual["width"] % visual["heads"]:
+        raise ValueError(f"visual.width {visual['width']} must be a multiple of visual.heads {visual['heads']}")
+    if visual["patch_size"] > visual["image_size"]:
+        raise ValueError(f"visual.patch_size {visual['patch_size']} exceeds visual.image_size {visual['image_size']}")
+    if int(visual["width"] * visual["mlp_ratio"]) < 1:
+        raise ValueError(f"visual.width × visual.mlp_ratio = {visual['width'] * visual['mlp_ratio']:g} leaves the "
+                         "ViT's MLP no width")
+    resampler_heads = max(visual["output_dim"] // 128, 1)
+    if visual["output_dim"] % 4 or visual["output_dim"] % resampler_heads:
+        raise ValueError(f"visual.output_dim {visual['output_dim']} must be a multiple of 4 (2-D sin-cos positions) "
+                         f"and of the resampler's {resampler_heads} heads (output_dim // 128)")
 
 
 class QWenVLConfig(PreTrainedConfig):
@@ -39,13 +105,10 @@ class QWenVLConfig(PreTrainedConfig):
         self.max_position_embeddings, self.layer_norm_epsilon = max_position_embeddings, layer_norm_epsilon
         self.use_dynamic_ntk, self.use_logn_attn, self.no_bias = use_dynamic_ntk, use_logn_attn, no_bias
         self.initializer_range = initializer_range
-        self.visual = dict(QWEN_VL_CHAT_VISUAL if visual is None else visual)
+        self.visual = dict(QWEN_VL_CHAT_VISUAL if visual is None else visual) if isinstance(visual, dict | None) else visual
         kwargs.setdefault("architectures", ["QWenLMHeadModel"])
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-        if kv_channels * num_attention_heads != hidden_size:
-            raise ValueError(f"kv_channels {kv_channels} × heads {num_attention_heads} must equal hidden_size {hidden_size}")
-        if self.visual["output_dim"] != hidden_size:
-            raise ValueError(f"visual output_dim {self.visual['output_dim']} must equal hidden_size {hidden_size}")
+        check_config(self)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

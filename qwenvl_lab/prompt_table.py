@@ -6,16 +6,19 @@ import numpy as np
 import torch
 
 from .fake_ids import make_fake_prompt_ids, replace_image_spans
-from .img_pos import as_batch, locate_img_pos
+from .img_pos import as_batch, as_int_tensor, check_int, locate_img_pos
 from .tokenizing import IMAGE_START_ID
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+INT32_MAX = torch.iinfo(torch.int32).max
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
     """Accept "float16"/"bfloat16"/"float32" or a torch.dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if not isinstance(dtype, str):
+        raise TypeError(f"dtype must be one of {sorted(DTYPES)} or a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or a torch.dtype")
     return DTYPES[dtype]
@@ -40,43 +43,98 @@ def runtime_prompt_table(prompt_table, hidden_size: int, dtype) -> torch.Tensor:
     return prompt_table
 
 
+def first_non_finite(values: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first NaN or ±inf in `values`, or None when all are finite."""
+    if bool(torch.isfinite(values.sum())):  # a NaN or inf makes the sum non-finite; an overflow is checked below
+        return None
+    bad = ~torch.isfinite(values)
+    return tuple(int(i) for i in bad.nonzero()[0]) if bool(bad.any()) else None
+
+
 def ptuning_setup(prompt_table, dtype, hidden_size: int, tasks=None, input_ids=None):
-    """Flatten `input_vit` into the engine's table: returns `(prompt_table, tasks, task_vocab_size)`."""
+    """Flatten `input_vit` into the engine's table: returns `(prompt_table, tasks, task_vocab_size)`.
+
+    An `input_vit` holding NaN or ±inf, or values that `dtype` cannot hold, is refused with the image that holds them.
+    """
+    hidden_size = check_int("hidden_size", hidden_size, 1)
+    dtype = to_torch_dtype(dtype)
     input_ids = None if input_ids is None else as_batch(input_ids)
+    if prompt_table is not None and not isinstance(prompt_table, torch.Tensor):
+        raise TypeError(f"prompt_table must be input_vit, a torch.Tensor [N, 256, H], or None; "
+                        f"got {type(prompt_table).__name__}")
     device = prompt_table.device if prompt_table is not None else (input_ids.device if input_ids is not None else "cpu")
     if prompt_table is not None:
         if prompt_table.dim() != 3:
             raise ValueError(f"prompt_table must be input_vit [N, 256, H], got shape {tuple(prompt_table.shape)}")
-        task_vocab_size = torch.tensor([prompt_table.shape[1]], dtype=torch.int32, device=device)  # 256
-        prompt_table = prompt_table.reshape(-1, prompt_table.shape[2])  # [N*256, H]
-        if prompt_table.shape[1] != hidden_size:
+        if not prompt_table.dtype.is_floating_point:
+            raise TypeError(f"input_vit must hold floating-point features (the vision tower's output), "
+                            f"got dtype {prompt_table.dtype}")
+        if prompt_table.shape[2] != hidden_size:
             raise ValueError(
-                f"prompt table hidden size {prompt_table.shape[1]} != model hidden_size {hidden_size}; "
+                f"prompt table hidden size {prompt_table.shape[2]} != model hidden_size {hidden_size}; "
                 "the vision tower's output_dim must equal the language model's hidden_size"
             )
-        prompt_table = prompt_table.to(to_torch_dtype(dtype))
+        bad = first_non_finite(prompt_table)
+        if bad is not None:
+            raise ValueError(
+                f"input_vit image {bad[0]} (row {bad[0]} of input_vit) holds NaN or infinite features (first at query "
+                f"{bad[1]}, feature {bad[2]}); the vision tower gave them for that picture: check its weights and dtype"
+            )
+        cast = prompt_table.to(dtype)
+        bad = first_non_finite(cast)
+        if bad is not None:
+            raise ValueError(
+                f"input_vit image {bad[0]} (row {bad[0]} of input_vit) holds {float(prompt_table[bad]):g} at query "
+                f"{bad[1]}, feature {bad[2]}, which {dtype} cannot hold (it becomes inf); use a wider dtype "
+                "(float32 or bfloat16) or check the vision tower"
+            )
+        task_vocab_size = torch.tensor([prompt_table.shape[1]], dtype=torch.int32, device=device)  # 256
+        prompt_table = cast.reshape(-1, hidden_size)  # [N*256, H]
     else:
-        prompt_table = torch.empty([1, hidden_size], dtype=to_torch_dtype(dtype), device=device)
+        prompt_table = torch.empty([1, hidden_size], dtype=dtype, device=device)
         task_vocab_size = torch.zeros([1], dtype=torch.int32, device=device)
     batch_size = input_ids.shape[0] if input_ids is not None else 1
     if tasks is not None:
         try:
-            tasks = torch.tensor([int(t) for t in str(tasks).split(",")], dtype=torch.int32, device=device)
+            values = [int(t) for t in str(tasks).split(",")]
         except ValueError:
             raise ValueError(f'tasks must be a comma-separated list of integers like "0,1", got {tasks!r}') from None
-        if (tasks < 0).any():
-            raise ValueError(f"tasks must be non-negative (a task selects a block of table rows), got {tasks.tolist()}")
-        if tasks.shape[0] != batch_size:
-            raise ValueError(f"{tasks.shape[0]} tasks given for a batch of {batch_size}: give one task per sequence")
+        if any(t < 0 for t in values):
+            raise ValueError(f"tasks must be non-negative (a task selects a block of table rows), got {values}")
+        if any(t > INT32_MAX for t in values):
+            raise ValueError(f"tasks must be at most {INT32_MAX} (TensorRT-LLM keeps them as int32), got {values}")
+        if len(values) != batch_size:
+            raise ValueError(f"{len(values)} tasks given for a batch of {batch_size}: give one task per sequence")
+        tasks = torch.tensor(values, dtype=torch.int32, device=device)
     else:
         tasks = torch.zeros([batch_size], dtype=torch.int32, device=device)
     return prompt_table, tasks, task_vocab_size
 
 
+def _one_int(value, name: str) -> int:
+    """An int given as a Python/numpy int or a one-element integer tensor or array (as ptuning_setup returns it)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        values = as_int_tensor(value, name).reshape(-1)
+        if values.numel() != 1:
+            raise ValueError(f"{name} must be one int, got {values.numel()} values")
+        value = int(values[0])
+    return check_int(name, value)
+
+
 def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size: int):
-    """Embed ids: `< vocab_size` from the vocabulary, the rest from `prompt_table[(id - V) + task * tvs]`."""
+    """Embed ids: `< vocab_size` from the vocabulary, the rest from `prompt_table[(id - V) + task * tvs]`.
+
+    A fake id whose row lies past the table, or whose row holds NaN or ±inf, is refused with its position.
+    """
     input_ids = as_batch(input_ids)  # [B, L]
+    for name, value in (("vocab_embedding", vocab_embedding), ("prompt_table", prompt_table)):
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                            f"{value.dtype if isinstance(value, torch.Tensor) else type(value).__name__}")
+    if vocab_embedding.dim() != 2:
+        raise ValueError(f"vocab_embedding must be [vocab rows, H], got shape {tuple(vocab_embedding.shape)}")
     hidden = vocab_embedding.shape[1]
+    vocab_size = check_int("vocab_size", vocab_size, 1)
     if vocab_size > vocab_embedding.shape[0]:
         raise ValueError(f"vocab_size {vocab_size} exceeds the {vocab_embedding.shape[0]} rows of vocab_embedding")
     if prompt_table.dim() != 2 or prompt_table.shape[1] != hidden:
@@ -87,25 +145,45 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
         raise TypeError(
             f"prompt_table dtype {prompt_table.dtype} != model dtype {vocab_embedding.dtype}; cast it with ptuning_setup(…, dtype)"
         )
-    if (input_ids < 0).any():
-        raise ValueError("input_ids must be non-negative token ids")
-    tasks = torch.as_tensor(tasks, device=input_ids.device).reshape(-1).long()
+    if bool((input_ids < 0).any()):
+        b, pos = (input_ids < 0).nonzero()[0].tolist()
+        raise ValueError(f"input_ids must be non-negative token ids, got {int(input_ids[b, pos])} at row {b}, position {pos}")
+    tasks = as_int_tensor(tasks if isinstance(tasks, (torch.Tensor, np.ndarray, list, tuple)) else [tasks], "tasks")
+    tasks = tasks.to(input_ids.device).reshape(-1)
     if tasks.shape[0] != input_ids.shape[0]:
         raise ValueError(f"{tasks.shape[0]} tasks for a batch of {input_ids.shape[0]}: give one task per sequence")
     if (tasks < 0).any():
         raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
-    task_vocab_size = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
-    mask = input_ids > vocab_size - 1  # [B, L]
+    task_vocab_size = _one_int(task_vocab_size, "task_vocab_size")
+    if task_vocab_size < 0:
+        raise ValueError(f"task_vocab_size must be >= 0 (table rows per task), got {task_vocab_size}; "
+                         "a negative one would read rows from the end of the table")
+    mask = input_ids >= vocab_size  # [B, L]
     embeddings = vocab_embedding[torch.where(mask, vocab_size - 1, input_ids)]  # [B, L, H]
-    rows = torch.where(mask, input_ids - vocab_size, 0) + tasks[:, None] * task_vocab_size  # [B, L]
-    if mask.any():
-        bad = rows[mask].max()
-        if bad >= prompt_table.shape[0]:
-            raise ValueError(
-                f"fake prompt id reads row {int(bad)} of a prompt table with {prompt_table.shape[0]} rows; "
-                "ids >= vocab_size must index rows of the table given for their sequence's task"
-            )
-        embeddings[mask] = prompt_table[rows[mask]]  # the prompt rows replace the (clamped) vocab rows
+    if not bool(mask.any()):
+        return embeddings
+    num_rows = prompt_table.shape[0]
+    offsets = torch.where(mask, input_ids - vocab_size, 0)  # [B, L]
+    starts = [int(t) * task_vocab_size for t in tasks.tolist()]  # first row of each sequence's task
+    rows = offsets + torch.tensor([min(s, num_rows) for s in starts], device=input_ids.device)[:, None]  # [B, L]
+    past = mask & ((offsets >= num_rows) | (rows >= num_rows))
+    if bool(past.any()):
+        b, pos = past.nonzero()[0].tolist()
+        raise ValueError(
+            f"fake prompt id {int(input_ids[b, pos])} at row {b}, position {pos} (task {int(tasks[b])}) reads row "
+            f"{int(input_ids[b, pos]) - vocab_size + starts[b]} of a prompt table with {num_rows} rows; "
+            "ids >= vocab_size must index rows of the table given for their sequence's task"
+        )
+    picked = prompt_table[rows[mask]]  # [M, H]
+    bad = first_non_finite(picked)
+    if bad is not None:
+        b, pos = mask.nonzero()[bad[0]].tolist()
+        raise ValueError(
+            f"prompt_table row {int(rows[b, pos])} (read by fake prompt id {int(input_ids[b, pos])} at row {b}, "
+            f"position {pos}) holds NaN or infinite values; rebuild the table from finite image features (ptuning_setup "
+            "refuses non-finite input_vit)"
+        )
+    embeddings[mask] = picked  # the prompt rows replace the (clamped) vocab rows
     return embeddings
 
 
@@ -135,7 +213,7 @@ def per_request_tables(input_ids, input_vit: torch.Tensor, vocab_size: int, rows
     span = input_vit.shape[1]
     counts = images_per_row(img_pos, input_ids.shape[0])
     needed = max(counts, default=0) * span
-    rows_per_request = needed if rows_per_request is None else rows_per_request
+    rows_per_request = needed if rows_per_request is None else check_int("rows_per_request", rows_per_request, 0)
     if needed > rows_per_request:
         raise ValueError(
             f"a request has {needed // span} images = {needed} table rows, but each request may hold only "
@@ -154,6 +232,9 @@ def per_request_tables(input_ids, input_vit: torch.Tensor, vocab_size: int, rows
 
 def check_image_count(img_pos: torch.Tensor, input_vit: torch.Tensor) -> None:
     """Raise when the ids hold a different number of image spans than `input_vit` has images."""
+    if not isinstance(input_vit, torch.Tensor):
+        raise TypeError(f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), "
+                        f"got {type(input_vit).__name__}")
     if input_vit.dim() != 3 or img_pos.shape[0] != input_vit.shape[0]:
         raise ValueError(
             f"the ids hold {img_pos.shape[0]} image spans but input_vit has shape {tuple(input_vit.shape)}; "

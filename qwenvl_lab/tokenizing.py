@@ -4,6 +4,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +32,8 @@ QWEN_TIKTOKEN_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de
 VOCAB_FILE_NAME = resources.VOCAB_FILE_NAME
 VOCAB_RESTORE = "`git checkout -- data/qwen.tiktoken` restores the shipped copy in a clone (else reinstall qwenvl_lab)"
 PAT_STR = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+HORIZONTAL_SPACE = "\t\x0b\x0c \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # \s of PAT_STR but \r \n
+SPACE_RUN_CUT = 4096  # runs of horizontal whitespace this long are encoded apart from the regex (see _encode_ordinary)
 SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", *(f"<|extra_{i}|>" for i in range(205)),
     "<ref>", "</ref>", "<box>", "</box>", "<quad>", "</quad>", "<img>", "</img>", "<imgpad>",
@@ -81,6 +84,27 @@ def _cached_encoding(vocab_file: str, mtime_ns: int, size: int) -> tiktoken.Enco
 def _load_encoding(vocab_file: Path) -> tiktoken.Encoding:
     stat = vocab_file.stat()
     return _cached_encoding(str(vocab_file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def _encode_ordinary(encoding: tiktoken.Encoding, text: str, cut: int = SPACE_RUN_CUT) -> list[int]:
+    """`encoding.encode_ordinary(text)` (PAT_STR split, then BPE of each piece), for runs of whitespace of any length.
+
+    tiktoken's regex stops with "Max stack size exceeded" on a run of about a million spaces or tabs. A maximal run
+    of horizontal whitespace (`\\s` but \\r \\n) that is followed by a non-space is always the piece `run[:-1]`, its last
+    character starting the next piece (`\\s+(?!\\S)`); at the end of the text the whole run is one piece. No piece
+    reaches across such a piece's ends and the regex looks only forward, so the text before and after it encodes
+    alone exactly as in the whole. Runs of `cut` or more characters are cut out this way and their piece is BPE-encoded
+    directly; the ids are those of the one-shot encoding wherever that succeeds.
+    """
+    ids, start = [], 0
+    for run in re.finditer(f"[{HORIZONTAL_SPACE}]{{{cut},}}", text):
+        a, b = run.span()
+        if text[b : b + 1] in ("\r", "\n"):
+            continue  # `\s*[\r\n]+` takes the run with the line breaks after it, without the regex's stack
+        end = b if b == len(text) else b - 1
+        ids += encoding.encode_ordinary(text[start:a]) + encoding._encode_single_piece(text[a:end].encode("utf-8"))
+        start = end
+    return ids + encoding.encode_ordinary(text[start:])
 
 
 def _path_bytes(path) -> bytes:
@@ -177,8 +201,9 @@ class Query(str):
     """A query string (as the official from_list_format returns) that remembers which `<img>` spans are images."""
 
     # segments: ("text", t) BPE-encoded, stored NFC as the official tokenizer encodes it; ("special", "<ref>") one
-    # id; ("image", path) one 258-id span, path bytes kept exact (not NFC) so the file opens. str methods and
-    # concatenation return a plain str, which encodes as plain text: images only come from Query segments.
+    # id; ("image", path) one 258-id span, path bytes kept exact (not NFC) so the file opens. `+` with a str or a
+    # Query gives a Query (an added str is plain text); other str methods return a plain str, which encodes as plain
+    # text: images only come from Query segments.
 
     __slots__ = ("segments",)
     KINDS = ("text", "special", "image")
@@ -214,6 +239,26 @@ class Query(str):
 
     def __repr__(self):
         return f"Query({str.__repr__(self)})"
+
+    def __add__(self, other):
+        """Query + str (plain text) or Query: a Query that keeps both sides' segments."""
+        if not isinstance(other, str):
+            return NotImplemented
+        return Query._joined(self, other)
+
+    def __radd__(self, other):
+        """str (plain text) + Query: a Query."""
+        if not isinstance(other, str):
+            return NotImplemented
+        return Query._joined(other, self)
+
+    @staticmethod
+    def _joined(left: str, right: str) -> "Query":
+        """left + right as one Query; text meeting at the seam becomes one text segment, as in the joined string."""
+        left, right = ([*s.segments] if isinstance(s, Query) else [("text", s)] for s in (left, right))
+        if left and right and left[-1][0] == right[0][0] == "text":
+            left[-1] = ("text", left[-1][1] + right.pop(0)[1])
+        return Query(left + right)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -261,7 +306,7 @@ class QWenTokenizer:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
             raise ValueError(f"text has a character that UTF-8 cannot encode ({err.reason}) at index {err.start}") from None
-        return self.encoding.encode(unicodedata.normalize("NFC", text), allowed_special=set(), disallowed_special=())
+        return _encode_ordinary(self.encoding, unicodedata.normalize("NFC", text))
 
     def encode_query(self, query: Query) -> list[int]:
         """Ids of a Query, segment by segment: text → BPE, special → its id, image → a 258-id image span."""
@@ -303,7 +348,7 @@ class QWenTokenizer:
                 raise TypeError(f"element {k} must be a dict, got {type(element).__name__}")
             keys = set(element)
             if keys not in ({"image"}, {"text"}, {"box"}, {"ref"}, {"box", "ref"}):
-                raise ValueError(f"element {k} has keys {sorted(keys)}; use one of {{'image'}}, {{'text'}}, "
+                raise ValueError(f"element {k} has keys {sorted(keys, key=repr)}; use one of {{'image'}}, {{'text'}}, "
                                  "{'box', 'ref'}, {'box'} or {'ref'}")
             if "image" in element:
                 n_images += 1
@@ -356,13 +401,13 @@ class QWenTokenizer:
             elif not skip_special_tokens:
                 pieces.append(self._placeholder(i))
             k += 1
-        out, run = [], b""
+        out, run = [], []
         for piece in pieces + [""]:
             if isinstance(piece, bytes):
-                run += piece
+                run.append(piece)
             else:
-                out += [run.decode("utf-8", errors="replace"), piece]
-                run = b""
+                out += [b"".join(run).decode("utf-8", errors="replace"), piece]
+                run = []
         return "".join(out)
 
     @staticmethod

@@ -1,4 +1,8 @@
-"""Step 4a — the vision tower: Qwen-VL's ViT + resampler turning pictures into `input_vit` [N, 256, H]."""
+"""Step 4a — the vision tower: Qwen-VL's ViT + resampler turning pictures into `input_vit` [N, 256, H].
+
+Pictures are read as Qwen-VL reads them: a JPEG's EXIF orientation tag is ignored by default (the picture is
+taken as stored, like Qwen-VL's own preprocessing); `exif_transpose=True` turns it upright first.
+"""
 
 import math
 import os
@@ -8,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import nn
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -16,21 +20,56 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 N_QUERIES = 256
 
 
-def load_image(image) -> Image.Image:
-    """Open a path (or take a PIL image) and return it in RGB."""
+def to_8_bit(img: Image.Image) -> Image.Image:
+    """A high-bit-depth greyscale picture as 8-bit "L"; other modes unchanged.
+
+    Integer pictures ("I;16…" and "I", as Pillow reads 16-bit PNG, TIFF and PGM files) hold 16-bit samples: 0–65535
+    maps to 0–255 (rounded; values outside are clipped). Float pictures ("F") are read as intensities from 0.0 (black)
+    to 1.0 (white), values outside clipped; NaN or inf is refused.
+    """
+    if not (img.mode.startswith("I") or img.mode == "F"):
+        return img
+    samples = np.asarray(img, dtype=np.float64)  # [H, W]
+    if img.mode == "F":
+        if not np.isfinite(samples).all():
+            raise ValueError("the float picture holds NaN or infinite pixels; give finite intensities from 0.0 to 1.0")
+        scaled = np.clip(samples, 0.0, 1.0) * 255.0
+    else:
+        scaled = np.clip(samples, 0, 65535) * (255.0 / 65535.0)
+    return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
+
+
+def _as_rgb(img: Image.Image, exif_transpose: bool) -> Image.Image:
+    """RGB copy of a picture: upright when `exif_transpose`, high bit depths scaled to 8 bits."""
+    if exif_transpose:
+        img = ImageOps.exif_transpose(img)
+    return to_8_bit(img).convert("RGB")
+
+
+def load_image(image, exif_transpose: bool = False) -> Image.Image:
+    """Open a path (or take a PIL image) and return it in RGB, 8 bits per channel (see `to_8_bit`).
+
+    The EXIF orientation tag is ignored unless `exif_transpose` (Qwen-VL's preprocessing ignores it).
+    """
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        return _as_rgb(image, exif_transpose)
+    if not isinstance(image, (str, os.PathLike)):
+        raise TypeError(f"an image must be a path (str or os.PathLike) or a PIL image, got {type(image).__name__}")
     path = Path(image)
+    if path.is_dir():
+        raise IsADirectoryError(f"image path {str(image)!r} is a directory; give the path of a PNG/JPEG file in it")
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {str(image)!r}; check the path in the {{'image': …}} element")
     try:
         with Image.open(path) as img:
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as err:
+            return _as_rgb(img, exif_transpose)
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as err:
         raise ValueError(f"cannot read {str(image)!r} as an image ({err}); give a PNG/JPEG file") from None
+    except ValueError as err:
+        raise ValueError(f"cannot read {str(image)!r} as an image: {err}") from None
 
 
-def preprocess_images(images, image_size: int) -> torch.Tensor:
+def preprocess_images(images, image_size: int, exif_transpose: bool = False) -> torch.Tensor:
     """Pictures → [N, 3, S, S]: RGB, bicubic resize to image_size (aspect not kept), CLIP mean/std."""
     if isinstance(images, (str, os.PathLike, Image.Image)):
         images = [images]  # one picture, not an iterable of characters or pixels
@@ -38,7 +77,7 @@ def preprocess_images(images, image_size: int) -> torch.Tensor:
     std = torch.tensor(CLIP_STD).view(3, 1, 1)
     out = []
     for image in images:
-        img = load_image(image).resize((image_size, image_size), Image.Resampling.BICUBIC)
+        img = load_image(image, exif_transpose).resize((image_size, image_size), Image.Resampling.BICUBIC)
         x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)  # [3, S, S]
         out.append((x - mean) / std)
     if not out:
@@ -165,7 +204,7 @@ class VisionTransformer(nn.Module):
         x = self.ln_post(self.attn_pool(x))  # [B, 256, D]
         return x @ self.proj  # [B, 256, D]
 
-    def encode(self, images) -> torch.Tensor:
-        """Paths or PIL images → `input_vit` [N, 256, output_dim]."""
-        pixels = preprocess_images(images, self.image_size).to(self.conv1.weight.device)
+    def encode(self, images, exif_transpose: bool = False) -> torch.Tensor:
+        """Paths or PIL images → `input_vit` [N, 256, output_dim] (EXIF orientation applied only when asked)."""
+        pixels = preprocess_images(images, self.image_size, exif_transpose).to(self.conv1.weight.device)
         return self(pixels)

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -214,3 +215,130 @@ def test_config_with_the_original_files_extra_fields(damaged):
                   fp16=False, fp32=False, tokenizer_type="QWenTokenizer", transformers_version="4.31.0")
     (damaged / "config.json").write_text(json.dumps(config))
     assert load_checkpoint(damaged).config.visual == TINY_CONFIG["visual"]
+
+
+def edit_json(path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("hidden_size", "128", r"config.json has a value of the wrong type: hidden_size must be an int, got str '128'"),
+    ("visual.heads", "2", r"config.json has a value of the wrong type: visual.heads must be an int, got str '2'"),
+    ("layer_norm_epsilon", 0, r"config.json has a value a Qwen-VL model cannot use: layer_norm_epsilon must be a finite"),
+    ("rotary_emb_base", -1, r"config.json has a value a Qwen-VL model cannot use: rotary_emb_base must be"),
+    ("visual", "abc", r"config.json has a value of the wrong type: visual must be a dict"),
+    ("id2label", 5, r"config.json has a value a Qwen-VL model cannot use"),  # a transformers field
+])
+def test_config_values_are_checked_with_the_file_named(damaged, key, value, match):
+    def edit(config):
+        *parents, last = key.split(".")
+        for parent in parents:
+            config = config[parent]
+        config[last] = value
+
+    edit_json(damaged / "config.json", edit)
+    with pytest.raises(CheckpointError, match=f"{damaged}/{match}"):
+        load_checkpoint(damaged)
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX, "generation_config.json"])
+@pytest.mark.parametrize("content", [b'{"hidden_size": 128,', b"\xff\xfe not text", b"[" * 100_000])
+def test_invalid_json_names_the_file(damaged, name, content):
+    (damaged / name).write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"{damaged / name} is not valid JSON .*re-download the file or repair it"):
+        load_checkpoint(damaged)
+
+
+def test_config_and_index_of_the_wrong_json_shape(damaged):
+    (damaged / INDEX).write_text('{"metadata": {}}')
+    with pytest.raises(CheckpointError, match=f"{damaged / INDEX} has no weight_map"):
+        load_checkpoint(damaged)
+    (damaged / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="config.json holds a JSON list, not an object"):
+        load_checkpoint(damaged)
+
+
+def test_a_file_is_not_a_checkpoint_directory(damaged):
+    with pytest.raises(NotADirectoryError, match="config.json' is a file; point at the checkpoint directory"):
+        load_checkpoint(damaged / "config.json")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_damaged_safetensors_shard_names_the_file(damaged, damage):
+    shard = damaged / shard_of(damaged, "transformer.h.0.mlp.w1.weight")
+    data = shard.read_bytes()
+    shard.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"not weights " * 100, "empty": b""}[damage])
+    with pytest.raises(CheckpointError, match=f"{shard} cannot be read as a weight file .*re-download it"):
+        load_checkpoint(damaged)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not_tensors"])
+def test_damaged_bin_file_names_the_file(small_checkpoint, tmp_path, damage):
+    model = small_checkpoint[0]
+    state = read_state_dict(model)
+    target = shutil.copytree(model, tmp_path / "bin", ignore=shutil.ignore_patterns("model*"))
+    torch.save(state, target / "pytorch_model.bin")
+    data = (target / "pytorch_model.bin").read_bytes()
+    if damage == "not_tensors":
+        torch.save({"weights": [1, 2, 3]}, target / "pytorch_model.bin")
+        match = "is not a state dict of named tensors \\('weights' is not a weight name with a tensor\\)"
+    else:
+        (target / "pytorch_model.bin").write_bytes(data[: len(data) // 2] if damage == "truncated" else b"x" * 1000)
+        match = "cannot be read as a weight file .*re-download it"
+    with pytest.raises(CheckpointError, match=f"{target / 'pytorch_model.bin'} {match}"):
+        load_checkpoint(target)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weight_is_named_by_its_key(damaged, value):
+    key = "transformer.h.1.attn.c_attn.weight"
+
+    def poison(tensors):
+        tensors[key][3, 5] = value
+
+    edit_shard(damaged, key, poison)
+    with pytest.raises(CheckpointError, match=f"weight {key} in .* holds {value} at index \\[3, 5\\]"):
+        load_checkpoint(damaged)
+    with pytest.raises(CheckpointError, match=f"weight {key} in"):
+        read_state_dict(damaged)
+
+
+@pytest.fixture
+def nothing_opened(monkeypatch):
+    """Fail the test if a weight file is opened."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a weight file was opened: {args}")
+
+    monkeypatch.setattr("qwenvl_lab.checkpoint.safe_open", refuse)
+    monkeypatch.setattr("qwenvl_lab.checkpoint.torch.load", refuse)
+
+
+@pytest.mark.parametrize("escape", ["/etc/passwd", "../outside.safetensors", "sub/../../outside.safetensors",
+                                    "absolute", "symlink", "", 5])
+def test_index_paths_outside_the_directory_are_refused(damaged, nothing_opened, escape):
+    outside = damaged.parent / "outside.safetensors"
+    shard = shard_of(damaged, "lm_head.weight")
+    shutil.copyfile(damaged / shard, outside)  # a real shard: opening it would succeed
+    if escape == "absolute":
+        escape = str(outside)
+    elif escape == "symlink":
+        (damaged / "linked.safetensors").symlink_to(outside)
+        escape = "linked.safetensors"
+    edit_json(damaged / INDEX, lambda index: index["weight_map"].update({"lm_head.weight": escape}))
+    with pytest.raises(CheckpointError, match=f"names the weight file {escape!r}"):
+        load_checkpoint(damaged)
+
+
+def test_hugging_face_cache_snapshot_links_into_its_blobs(small_checkpoint, tmp_path):
+    repo = tmp_path / "models--Qwen--Qwen-VL-Chat"
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for path in small_checkpoint[0].iterdir():
+        blob = repo / "blobs" / f"sha-{path.name}"
+        shutil.copyfile(path, blob)
+        (snapshot / path.name).symlink_to(Path("../..") / "blobs" / blob.name)
+    loaded = load_checkpoint(snapshot).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in small_checkpoint[1].items())

@@ -97,3 +97,30 @@ def test_replace_changes_only_span_interiors(layout, vocab_size):
     assert torch.equal(out[~interior], ids[~interior])
     assert out[interior].tolist() == fake_prompt_id.flatten().tolist()
     assert int(interior.sum()) == 256 * len(img_pos)
+
+
+@pytest.mark.parametrize("img_pos, match", [
+    ([[1, 0, 257]], r"img_pos \(1, 0, 257\) lies outside input_ids of shape \(1, 260\)"),  # no row 1
+    ([[0, -2, 255]], r"img_pos \(0, -2, 255\) lies outside"),  # would write at the end of the row
+    ([[0, 3, 260]], r"img_pos \(0, 3, 260\) lies outside"),  # </img> past the row
+    ([[0, 0, 257], [0, 2, 259]], r"image 1: span 2…259 in row 0 overlaps the span before it"),
+    ([[0, 0, 257, 1]], r"img_pos must be \[N, 3\]"),
+])
+def test_replace_refuses_positions_outside_or_overlapping(img_pos, match):
+    ids = torch.tensor([[*span(), 1, 2]])
+    with pytest.raises(ValueError, match=match):
+        replace_image_spans(ids, img_pos, make_fake_prompt_ids(MODEL_VOCAB_SIZE, len(img_pos)))
+
+
+def test_replace_argument_types():
+    ids = torch.tensor([span()])
+    with pytest.raises(TypeError, match="fake_prompt_id must hold integers, got dtype torch.float32"):
+        replace_image_spans(ids, locate_img_pos(ids), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1).float())
+    with pytest.raises(TypeError, match="img_pos must be a torch tensor, a numpy array or a \\(nested\\) list of ints"):
+        replace_image_spans(ids, "0,0,257", make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1))
+    with pytest.raises(ValueError, match=r"fake_prompt_id must be \[N, 256\]"):
+        replace_image_spans(ids, locate_img_pos(ids), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1)[0])
+    with pytest.raises(TypeError, match="vocab_size must be an int, got str '10'"):
+        make_fake_prompt_ids("10", 1)
+    with pytest.raises(ValueError, match="pass the largest int64 id"):
+        make_fake_prompt_ids(2**63 - 10, 1)

@@ -110,9 +110,9 @@ def test_error_names_the_row():
 def test_as_batch():
     assert as_batch([1, 2, 3]).shape == (1, 3)
     assert as_batch(torch.ones(2, 4, dtype=torch.int32)).dtype == torch.int64
-    with pytest.raises(TypeError, match="integer token ids"):
+    with pytest.raises(TypeError, match="input_ids must hold integers"):
         as_batch(torch.ones(3))
-    with pytest.raises(TypeError, match="integer token ids"):
+    with pytest.raises(TypeError, match="input_ids must hold integers"):
         as_batch(torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\[L\] or \[B, L\]"):
         as_batch(torch.ones(1, 2, 3, dtype=torch.long))
@@ -146,3 +146,34 @@ def test_matches_the_span_layout_and_trtllm_construction(batch):
 def test_empty_ids():
     assert as_batch([]).shape == (1, 0) and as_batch([]).dtype == torch.int64
     assert locate_img_pos([]).shape == (0, 3)
+
+
+@pytest.mark.parametrize("ids", ["abc", None, 3.5, {"ids": [1]}, b"\x01\x02"])
+def test_input_of_a_wrong_type_says_what_it_takes(ids):
+    with pytest.raises(TypeError, match=r"input_ids must be a torch tensor, a numpy array or a \(nested\) list of ints, "
+                                        r"got (str|NoneType|float|dict|bytes)"):
+        locate_img_pos(ids)
+
+
+@pytest.mark.parametrize("ids, error, match", [
+    ([[1, 2], [3]], ValueError, "rows of input_ids have different lengths: pad them"),
+    ([1, 2**64], ValueError, "input_ids hold 18446744073709551616, outside int64"),
+    (np.array([2**63], dtype=np.uint64), ValueError, "past the largest int64"),
+    (["a", "b"], TypeError, "input_ids must hold integers, got numpy dtype <U1"),
+    ([1, None], TypeError, "input_ids must hold integers, got numpy dtype object"),
+    ([[1.0, 2.0]], TypeError, "input_ids must hold integers, got numpy dtype float64"),
+    (torch.zeros(2, dtype=torch.complex64), TypeError, "input_ids must hold integers"),
+])
+def test_ids_that_are_not_int64_token_ids(ids, error, match):
+    with pytest.raises(error, match=match):
+        locate_img_pos(ids)
+
+
+def test_tag_ids_and_span_must_be_ints():
+    with pytest.raises(TypeError, match="image_start_id must be an int, got str"):
+        locate_img_pos([1, 2], image_start_id="151857")
+    with pytest.raises(ValueError, match="image_start_id must be an int in"):
+        locate_img_pos([1, 2], image_start_id=2**63 - 1)  # its </img> id would not be an int64
+    with pytest.raises(TypeError, match="span must be an int, got float"):
+        locate_img_pos([1, 2], span=256.0)
+    assert locate_img_pos(np.array([[1, 5, 2, 6]], dtype=np.uint8), image_start_id=5, span=1).tolist() == [[0, 1, 3]]

@@ -54,6 +54,52 @@ def test_config_checks_sizes():
         QWenVLConfig(**{**TINY_CONFIG, "visual": {**TINY_CONFIG["visual"], "output_dim": 64}})
 
 
+
+@pytest.mark.parametrize("changes, error, match", [
+    ({"hidden_size": "128"}, TypeError, "hidden_size must be an int, got str '128'"),
+    ({"num_hidden_layers": 2.0}, TypeError, "num_hidden_layers must be an int, got float 2.0"),
+    ({"num_attention_heads": 0}, ValueError, "num_attention_heads must be an int >= 1, got 0"),
+    ({"vocab_size": True}, TypeError, "vocab_size must be an int, got bool"),
+    ({"layer_norm_epsilon": 0.0}, ValueError, "layer_norm_epsilon must be a finite number > 0, got 0.0"),
+    ({"layer_norm_epsilon": float("nan")}, ValueError, "layer_norm_epsilon must be a finite number > 0, got nan"),
+    ({"layer_norm_epsilon": "1e-6"}, TypeError, "layer_norm_epsilon must be a number, got str"),
+    ({"rotary_emb_base": -10000}, ValueError, "rotary_emb_base must be a finite number > 0"),
+    ({"rotary_emb_base": float("inf")}, ValueError, "rotary_emb_base must be a finite number > 0"),
+    ({"rotary_pct": 1.5}, ValueError, "rotary_pct must be a finite number > 0 and <= 1"),
+    ({"rotary_pct": 0.01}, ValueError, "gives 0 rotary dims per head; RoPE needs an even number >= 2"),
+    ({"use_logn_attn": "false"}, TypeError, "use_logn_attn must be true or false, got str"),
+    ({"visual": [1, 2]}, TypeError, "visual must be a dict"),
+    ({"visual": {"heads": 2}}, ValueError, r"visual lacks \['image_size', 'image_start_id'"),
+])
+def test_config_checks_types_and_values(changes, error, match):
+    with pytest.raises(error, match=match):
+        QWenVLConfig(**{**TINY_CONFIG, **changes})
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    ({"heads": "2"}, TypeError, "visual.heads must be an int, got str '2'"),
+    ({"width": 64.0}, TypeError, "visual.width must be an int, got float"),
+    ({"layers": -1}, ValueError, "visual.layers must be an int >= 1"),
+    ({"mlp_ratio": float("nan")}, ValueError, "visual.mlp_ratio must be a finite number > 0"),
+    ({"mlp_ratio": "2"}, TypeError, "visual.mlp_ratio must be a number, got str"),
+    ({"image_start_id": None}, TypeError, "visual.image_start_id must be an int, got NoneType"),
+    ({"heads": 3}, ValueError, "visual.width 64 must be a multiple of visual.heads 3"),
+    ({"patch_size": 60}, ValueError, "visual.patch_size 60 exceeds visual.image_size 56"),
+])
+def test_config_checks_the_visual_fields(changes, error, match):
+    with pytest.raises(error, match=match):
+        QWenVLConfig(**{**TINY_CONFIG, "visual": {**TINY_CONFIG["visual"], **changes}})
+
+
+def test_config_checks_the_resampler_heads():
+    # output_dim 260 → 2 resampler heads of 130: fine; 388 → 3 heads do not divide it
+    with pytest.raises(ValueError, match=r"visual.output_dim 388 must be a multiple of 4 .* resampler's 3 heads"):
+        QWenVLConfig(**{**TINY_CONFIG, "hidden_size": 388, "kv_channels": 194,
+                        "visual": {**TINY_CONFIG["visual"], "output_dim": 388}})
+    assert QWenVLConfig(**{**TINY_CONFIG, "hidden_size": 260, "kv_channels": 130,
+                           "visual": {**TINY_CONFIG["visual"], "output_dim": 260}}).hidden_size == 260
+
+
 # RMSNorm, RoPE, MLP, mask
 
 

@@ -142,6 +142,58 @@ def test_string_operations_on_a_query_give_plain_text(tok):
     assert IMAGE_START_ID not in tok.encode(query.strip())
 
 
+
+def test_adding_text_to_a_query_keeps_its_images(tok):
+    query = tok.from_list_format([{"image": "a.jpg"}])
+    for joined in (query + "What is <img>b.jpg</img>?", "Look: " + query, query + query):
+        assert isinstance(joined, Query)
+    with_text = query + "What is <img>b.jpg</img>?"  # typed tags stay text
+    assert with_text == "Picture 1: <img>a.jpg</img>\nWhat is <img>b.jpg</img>?"
+    assert with_text.images == ("a.jpg",)
+    assert tok.encode(with_text) == tok.encode(tok.from_list_format([{"image": "a.jpg"},
+                                                                    {"text": "What is <img>b.jpg</img>?"}]))
+    ids = tok.encode("Look: " + query)
+    assert ids.count(IMAGE_START_ID) == 1 and ids[: len(tok.encode("Look: Picture"))] == tok.encode("Look: Picture")
+    both = query + tok.from_list_format([{"image": "c.png"}, {"text": "x"}])
+    assert both.images == ("a.jpg", "c.png") and tok.encode(both).count(IMAGE_START_ID) == 2
+    query += "more"
+    assert isinstance(query, Query) and query.images == ("a.jpg",) and query.endswith("\nmore")
+    _, context = make_context(tok, "Say: " + tok.from_list_format([{"image": "a.jpg"}]))
+    assert context.count(IMAGE_START_ID) == 1
+    with pytest.raises(TypeError, match="unsupported operand"):
+        query + 5
+
+
+def test_text_meeting_at_the_seam_encodes_as_one_text(tok):
+    query = tok.from_list_format([{"image": "a.jpg"}, {"text": "hel"}])
+    assert tok.encode(query + "lo") == tok.encode(tok.from_list_format([{"image": "a.jpg"}, {"text": "hello"}]))
+    assert (query + "e\u0301").segments[-1] == ("text", "\nhel\u00e9")  # NFC across the seam
+
+
+def test_a_million_spaces_encode(tok):
+    ids = tok.encode(" " * 1_000_000)
+    assert tok.decode(ids) == " " * 1_000_000 and all(i < ENDOFTEXT_ID for i in ids)
+    text = "a" + "\t" * 1_200_000 + "b" + " " * 3 + "\u3000" * 1_000_001 + "!"
+    assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("text", [" " * 999_998 + "a", "x" + "\t" * 999_998, "\n" + " " * 999_998 + "!"])
+def test_long_runs_encode_as_tiktoken_does_in_one_go(tok, text):
+    assert tok.encode(text) == tok.encoding.encode(text, allowed_special=set(), disallowed_special=())
+
+
+SPACES = st.sampled_from([" ", "\t", "\x0b", "\x0c", "\x85", "\xa0", "\u1680", "\u2003", "\u2028", "\u2029", "\u202f",
+                          "\u3000", "\r", "\n", "\x1c"])
+SPACED_TEXT = st.lists(st.one_of(st.text(max_size=4), st.tuples(SPACES, st.integers(1, 6)).map(lambda r: r[0] * r[1]),
+                                 st.sampled_from(["'s", "'LL", "!", "a", "7", "é"])), max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=SPACED_TEXT, cut=st.integers(2, 4))
+def test_cutting_out_whitespace_runs_keeps_the_one_shot_ids(tok, text, cut):
+    assert tokenizing._encode_ordinary(tok.encoding, text, cut) == tok.encoding.encode_ordinary(text)
+
+
 def test_encode_errors(tok):
     with pytest.raises(TypeError, match="str or a Query"):
         tok.encode(b"bytes")
@@ -249,6 +301,7 @@ def test_from_list_format_box_and_ref(tok):
     ([{"box": [(1, 2, 3, 1001)]}], ValueError, "0–1000 scale, got 1001"),
     ([{"box": [(1, 2.5, 3, 4)]}], TypeError, "must be an int"),
     ([{"image": 42}], TypeError, "str or os.PathLike"),
+    ([{"text": "a", 1: "b"}], ValueError, r"element 0 has keys \['text', 1\]"),  # keys of mixed types
 ])
 def test_from_list_format_errors(tok, bad, error, match):
     with pytest.raises(error, match=match):

@@ -1,6 +1,8 @@
 """Tests for step 4a: picture preprocessing and the vision tower (ViT + resampler) that makes `input_vit`."""
 
 import math
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -103,8 +105,19 @@ def test_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "no-such-picture.png"
     with pytest.raises(FileNotFoundError, match="no-such-picture.png"):
         preprocess_images([missing], SIZE)
-    with pytest.raises(FileNotFoundError, match="image file not found"):
-        load_image(tmp_path)  # a directory is not an image file
+
+
+def test_directory_is_not_an_image(tmp_path):
+    with pytest.raises(IsADirectoryError, match=r"is a directory"):
+        load_image(tmp_path)
+    with pytest.raises(IsADirectoryError, match=r"is a directory"):
+        preprocess_images([str(tmp_path)], SIZE)
+
+
+@pytest.mark.parametrize("image", [None, 3, b"a.png", ["a.png"]])
+def test_image_of_a_wrong_type(image):
+    with pytest.raises(TypeError, match="path .* or a PIL image"):
+        load_image(image)
 
 
 def test_non_image_file_is_a_clear_value_error(tmp_path):
@@ -114,9 +127,89 @@ def test_non_image_file_is_a_clear_value_error(tmp_path):
         preprocess_images([fake], SIZE)
 
 
+def test_picture_too_large_to_decode(tmp_path):
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)  # 100,000 × 100,000 RGB
+    (tmp_path / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    with pytest.raises(ValueError, match=r"cannot read .*bomb.png.* as an image \(Image size \(10000000000 pixels\)"):
+        load_image(tmp_path / "bomb.png")
+
+
 def test_no_pictures():
     with pytest.raises(ValueError, match="no images given"):
         preprocess_images([], SIZE)
+
+
+
+@pytest.fixture
+def grey8() -> np.ndarray:
+    """An 8-bit greyscale picture [H, W] with every level from black to white."""
+    return np.random.default_rng(5).permutation(np.arange(256, dtype=np.uint8).repeat(3)).reshape(24, 32)
+
+
+def test_16_bit_png_gives_the_pixels_of_its_8_bit_version(grey8, tmp_path):
+    low_bits = np.random.default_rng(6).integers(0, 129, grey8.shape)  # below half an 8-bit step
+    grey16 = np.minimum(grey8.astype(np.int64) * 257 + low_bits, 65535).astype(np.uint16)
+    Image.fromarray(grey16).save(tmp_path / "g16.png")
+    Image.fromarray(grey8).save(tmp_path / "g8.png")
+    with Image.open(tmp_path / "g16.png") as img:
+        assert img.mode == "I;16"
+    expected = preprocess_images(tmp_path / "g8.png", SIZE)
+    torch.testing.assert_close(preprocess_images(tmp_path / "g16.png", SIZE), expected, rtol=0, atol=1e-6)
+    assert load_image(tmp_path / "g16.png").getextrema() == ((0, 255),) * 3  # not all white
+
+
+def test_16_bit_pgm_read_in_mode_i(grey8, tmp_path):
+    header = f"P5 {grey8.shape[1]} {grey8.shape[0]} 65535\n".encode()
+    (tmp_path / "g.pgm").write_bytes(header + (grey8.astype(">u2") * 257).tobytes())
+    with Image.open(tmp_path / "g.pgm") as img:
+        assert img.mode == "I"
+    assert np.array_equal(np.asarray(load_image(tmp_path / "g.pgm"))[..., 0], grey8)
+
+
+def test_float_picture_is_read_from_0_to_1(grey8):
+    picture = Image.fromarray(grey8.astype(np.float32) / 255.0, mode="F")
+    torch.testing.assert_close(preprocess_images(picture, SIZE), preprocess_images(Image.fromarray(grey8), SIZE),
+                               rtol=0, atol=1e-6)
+    out_of_range = Image.fromarray(np.array([[-0.5, 2.0]], dtype=np.float32), mode="F")
+    assert np.asarray(load_image(out_of_range))[0, :, 0].tolist() == [0, 255]  # clipped
+    with pytest.raises(ValueError, match="float picture holds NaN or infinite pixels"):
+        load_image(Image.fromarray(np.array([[0.5, np.nan]], dtype=np.float32), mode="F"))
+
+
+@pytest.fixture
+def sideways_jpeg(tmp_path):
+    """A 40 × 20 JPEG stored sideways, with EXIF orientation 6 (display it turned 90° clockwise)."""
+    picture = Image.fromarray(np.random.default_rng(7).integers(0, 256, (20, 40, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    picture.save(tmp_path / "sideways.jpg", exif=exif, quality=95)
+    return tmp_path / "sideways.jpg"
+
+
+def test_exif_orientation_is_ignored_unless_asked(sideways_jpeg):
+    with Image.open(sideways_jpeg) as img:
+        assert img.getexif()[0x0112] == 6
+        stored = img.convert("RGB")
+    upright = stored.transpose(Image.Transpose.ROTATE_270)
+    assert load_image(sideways_jpeg).size == (40, 20)  # as stored, like Qwen-VL
+    assert load_image(sideways_jpeg, exif_transpose=True).size == (20, 40)
+    assert torch.equal(preprocess_images(sideways_jpeg, SIZE), preprocess_images(stored, SIZE))
+    turned = preprocess_images([sideways_jpeg], SIZE, exif_transpose=True)
+    assert torch.equal(turned, preprocess_images(upright, SIZE))
+    assert not torch.allclose(turned, preprocess_images(stored, SIZE), atol=0.1)
+    with Image.open(sideways_jpeg) as img:  # a PIL image with its EXIF is turned the same way
+        assert torch.equal(preprocess_images(img, SIZE, exif_transpose=True), turned)
+
+
+def test_encode_takes_exif_transpose(tiny_model, sideways_jpeg):
+    visual = tiny_model.transformer.visual
+    with torch.no_grad():
+        turned = visual.encode([sideways_jpeg], exif_transpose=True)
+        assert torch.equal(turned, visual(preprocess_images([sideways_jpeg], visual.image_size, exif_transpose=True)))
+        assert not torch.allclose(turned, visual.encode([sideways_jpeg]), atol=1e-3)
 
 
 # attention layout: q|k|v interleaved per head

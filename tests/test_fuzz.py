@@ -1,0 +1,472 @@
+"""Fuzzing the step modules: any input gives a correct result or a deliberate error with a message.
+
+Two hypothesis profiles: "ci" (the default: a fixed seed, about 30 s for this file) and "fuzz" (at least 10,000
+examples per property), chosen with the environment variable HYPOTHESIS_PROFILE. A property is a function decorated
+with `@fuzz(ci_examples)` whose body runs the call through `outcome(...)` and then checks a success against an oracle.
+"""
+
+import io
+import math
+import os
+import signal
+import unicodedata
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from qwenvl_lab.checkpoint import CheckpointError
+from qwenvl_lab.fake_ids import replace_image_spans
+from qwenvl_lab.img_pos import as_batch, locate_img_pos
+from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup, to_torch_dtype
+from qwenvl_lab.tokenizing import (
+    ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE, Query, make_context,
+)
+from qwenvl_lab.vision import load_image
+
+# the deliberate errors of the package (compared by exact type: a subclass such as JSONDecodeError is a bug)
+ALLOWED_ERRORS = (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
+                  CheckpointError)
+EXAMPLE_SECONDS = 20  # one example running longer counts as a hang
+
+_CHECKS = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                      HealthCheck.filter_too_much])
+settings.register_profile("ci", derandomize=True, database=None, **_CHECKS)
+settings.register_profile("fuzz", max_examples=10_000, **_CHECKS)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
+
+def fuzz(ci_examples: int):
+    """Settings of one property: the chosen profile, with `ci_examples` examples under "ci"."""
+    profile = settings.get_profile(PROFILE)
+    return settings(profile, max_examples=ci_examples) if PROFILE == "ci" else profile
+
+
+@contextmanager
+def time_limit(seconds: int = EXAMPLE_SECONDS):
+    """Fail an example that runs longer than `seconds` (a hang)."""
+    def stop(signum, frame):
+        raise AssertionError(f"an example ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class Refused:
+    """The deliberate error a call raised."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __repr__(self):
+        return f"Refused({type(self.error).__name__}: {self.error})"
+
+
+def outcome(call, *args, **kwargs):
+    """The call's result, or Refused(error) for a deliberate error with a message; any other exception fails."""
+    with time_limit():
+        try:
+            result = call(*args, **kwargs)
+        except ALLOWED_ERRORS as error:
+            assert type(error) in ALLOWED_ERRORS, f"{type(error).__name__} is not a deliberate error: {error}"
+            assert str(error).strip(), f"{type(error).__name__} without a message"
+            event(f"{call.__name__}: {type(error).__name__}")
+            return Refused(error)
+    event(f"{call.__name__}: result")
+    return result
+
+
+def refused(result) -> bool:
+    return isinstance(result, Refused)
+
+
+def mostly(valid, other):
+    """Draw from `valid` three times in four, else from `other` (so that both outcomes are common)."""
+    return st.sampled_from([True, True, True, False]).flatmap(lambda pick_valid: valid if pick_valid else other)
+
+
+# tokenizing: plain text, element lists, the chatml context
+
+TRICKY = st.sampled_from(["<img>", "</img>", "<imgpad>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<ref>",
+                          "<|extra_7|>", "\n", "\r\n", "e\u0301", "\ufb01", "\u212b", " " * 9, "\t", "\u3000",
+                          "'s", "\x00", "\U0001f600"])
+UTF8_TEXT = st.lists(st.one_of(st.text(max_size=10), TRICKY), max_size=8).map("".join)  # st.text holds no surrogates
+TEXT = mostly(UTF8_TEXT, st.lists(st.one_of(UTF8_TEXT, st.just("\ud800")), max_size=3).map("".join))
+
+
+def has_surrogate(text: str) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+@fuzz(350)
+@given(text=TEXT)
+def test_plain_text_never_gives_special_ids(tokenizer, text):
+    ids = outcome(tokenizer.encode, text)
+    if has_surrogate(text):  # UTF-8 cannot hold it
+        assert refused(ids) and type(ids.error) is ValueError
+        return
+    assert all(0 <= i < ENDOFTEXT_ID for i in ids)
+    assert tokenizer.decode(ids) == unicodedata.normalize("NFC", text)
+    assert tokenizer.encode_query(tokenizer.from_list_format([{"text": text}])) == ids
+    raw_text, context = make_context(tokenizer, text)
+    assert [i for i in context if i >= ENDOFTEXT_ID] == [IM_START_ID, IM_END_ID, IM_START_ID, IM_END_ID, IM_START_ID]
+    assert tokenizer.decode(context) == raw_text
+
+
+PATH = st.text(min_size=1, max_size=40).filter(lambda p: len(p.encode("utf-8")) <= 256)
+VALID_ELEMENT = st.one_of(
+    st.builds(lambda p: {"image": p}, PATH),
+    st.builds(lambda t: {"text": t}, UTF8_TEXT),
+    st.builds(lambda b, r: {"box": b, "ref": r}, st.lists(st.tuples(*[st.integers(0, 1000)] * 4), max_size=2),
+              st.text(max_size=6)),
+    st.builds(lambda b: {"box": b}, st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=4), max_size=2)),
+)
+
+
+@fuzz(180)
+@given(elements=st.lists(VALID_ELEMENT, max_size=5), history_turns=st.integers(0, 2))
+def test_valid_element_lists_encode(tokenizer, elements, history_turns):
+    query = outcome(tokenizer.from_list_format, elements)
+    assert isinstance(query, Query)
+    ids = tokenizer.encode_query(query)
+    assert tokenizer.decode(ids) == query
+    paths = [e["image"] for e in elements if "image" in e]
+    assert query.images == tuple(paths)
+    assert ids.count(IMAGE_START_ID) == ids.count(IMAGE_END_ID) == len(paths)
+    assert len(locate_img_pos(ids)) == len(paths)
+    history = [(query, "ok")] * history_turns
+    raw_text, context = make_context(tokenizer, query, history=history)
+    assert tokenizer.decode(context) == raw_text
+    assert context.count(IMAGE_START_ID) == len(paths) * (history_turns + 1)
+
+
+ANY_VALUE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 1005), st.integers(), st.floats(), st.text(max_size=6),
+              TRICKY, st.binary(max_size=4)),
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.tuples(inner, inner, inner, inner),
+                            st.dictionaries(st.sampled_from(["image", "text", "box", "ref"]), inner, max_size=3)),
+    max_leaves=12,
+)
+HASHABLE = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4), st.binary(max_size=2))
+ANY_ELEMENT = mostly(VALID_ELEMENT, st.one_of(
+    st.dictionaries(st.sampled_from(["image", "text", "box", "ref", "Image", "x"]), ANY_VALUE, max_size=3),
+    st.dictionaries(st.one_of(st.sampled_from(["image", "text", "box", "ref"]), HASHABLE), ANY_VALUE, max_size=2),
+    ANY_VALUE,
+))
+
+
+@fuzz(350)
+@given(list_format=mostly(st.lists(ANY_ELEMENT, max_size=4), ANY_VALUE))
+def test_any_element_list_gives_a_query_or_a_clear_error(tokenizer, list_format):
+    query = outcome(tokenizer.from_list_format, list_format)
+    if refused(query):
+        return
+    assert isinstance(query, Query)
+    ids = outcome(tokenizer.encode_query, query)
+    if refused(ids):  # text that UTF-8 cannot hold
+        assert type(ids.error) is ValueError and has_surrogate(query)
+        return
+    assert tokenizer.decode(ids) == query
+    assert ids.count(IMAGE_START_ID) == len(query.images)
+
+
+@fuzz(280)
+@given(query=st.one_of(TEXT, st.lists(VALID_ELEMENT, max_size=3)),
+       history=mostly(st.lists(st.tuples(TEXT, TEXT), max_size=2), ANY_VALUE),
+       system=mostly(TEXT, ANY_VALUE), window=mostly(st.integers(1, 100), st.one_of(st.integers(), ANY_VALUE)))
+def test_make_context_on_any_arguments(tokenizer, query, history, system, window):
+    if isinstance(query, list):
+        query = tokenizer.from_list_format(query)
+    result = outcome(make_context, tokenizer, query, history=history, system=system, max_window_size=window)
+    if refused(result):
+        turns = isinstance(history, list) and all(isinstance(t, tuple) and len(t) == 2 for t in history)
+        texts = [query, system, *(t for turn in history for t in turn)] if turns else []
+        valid = (turns and isinstance(system, str) and type(window) is int and window > 0
+                 and all(isinstance(t, str) and not has_surrogate(t) for t in texts))
+        assert not valid, f"a valid context was refused: {result}"
+        return
+    raw_text, context = result
+    assert isinstance(raw_text, Query) and tokenizer.decode(context) == raw_text
+    assert context[-3:] == [IM_START_ID, *tokenizer.encode("assistant\n")]
+
+
+
+# pictures: damaged files of every format Pillow reads, with and without EXIF orientation
+
+
+def picture_bytes(fmt: str) -> bytes:
+    """A small picture saved as `fmt` (a JPEG with an EXIF orientation tag, a 16-bit greyscale PNG)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (12, 20, 3), dtype=np.uint8)
+    picture, options = Image.fromarray(pixels), {}
+    if fmt == "JPEG":
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        options["exif"] = exif
+    if fmt == "PNG16":
+        picture, fmt = Image.fromarray(pixels[..., 0].astype(np.uint16) * 257), "PNG"
+    if fmt == "GIF":
+        picture = picture.convert("P")
+    out = io.BytesIO()
+    picture.save(out, fmt, **options)
+    return out.getvalue()
+
+
+PICTURES = {fmt: picture_bytes(fmt) for fmt in ("PNG", "PNG16", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM")}
+
+
+@pytest.fixture(scope="module")
+def picture_file(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz-pictures") / "picture"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Pillow's notes on the damaged EXIF and TIFF tags it skips
+@fuzz(300)
+@given(fmt=st.sampled_from(sorted(PICTURES)), edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
+                                                                        st.integers(0, 255)), max_size=4),
+       cut=mostly(st.none(), st.floats(0, 1)), exif_transpose=st.booleans())
+def test_load_image_on_damaged_files(picture_file, fmt, edits, cut, exif_transpose):
+    data = bytearray(PICTURES[fmt])
+    for where, value in edits:
+        data[int(where * len(data))] = value
+    picture_file.write_bytes(bytes(data if cut is None else data[: int(cut * len(data))]))
+    img = outcome(load_image, picture_file, exif_transpose=exif_transpose)
+    if not refused(img):
+        assert img.mode == "RGB" and np.asarray(img).dtype == np.uint8
+    elif not edits and cut is None:
+        raise AssertionError(f"an intact {fmt} picture was refused: {img}")
+
+
+# img_pos and fake ids: any ids, any positions
+
+SPECIAL_IDS = st.sampled_from([IMAGE_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, 0, 255, MODEL_VOCAB_SIZE, -1, 2**63 - 1,
+                               -(2**63), 2**31])
+
+
+@st.composite
+def id_rows(draw, max_rows=3, clean=False):
+    """Rows of text ids and image spans; unless clean, with odd ids and a little damage (tags moved, dropped, added)."""
+    text_ids = st.integers(0, 151_000) if clean else st.one_of(st.integers(0, 151_000), SPECIAL_IDS)
+    rows = []
+    for _ in range(draw(st.integers(0, max_rows))):
+        row = []
+        for _ in range(draw(st.integers(0, 3))):
+            row += draw(st.lists(text_ids, max_size=3))
+            if draw(st.booleans()):
+                row += [IMAGE_START_ID, *[IMAGE_PAD_ID] * IMG_TOKEN_SPAN, IMAGE_END_ID]
+        for _ in range(0 if clean else draw(mostly(st.just(0), st.integers(1, 2)))):  # damage
+            if row and draw(st.booleans()):
+                row[draw(st.integers(0, len(row) - 1))] = draw(SPECIAL_IDS)
+            else:
+                row.insert(draw(st.integers(0, len(row))), draw(SPECIAL_IDS))
+        rows.append(row)
+    return rows
+
+
+@st.composite
+def any_ids(draw):
+    """Ids as a torch tensor of any dtype, a numpy array, (ragged) lists, or something else entirely."""
+    rows = draw(id_rows())
+    if not draw(mostly(st.just(True), st.booleans())):
+        return draw(ANY_VALUE)
+    if draw(mostly(st.just(True), st.just(False))):  # pad to a rectangle
+        width = max(map(len, rows), default=0)
+        rows = [r + [IMAGE_PAD_ID - 16] * (width - len(r)) for r in rows]
+        if draw(st.booleans()) and len(rows) == 1:
+            rows = rows[0]  # one sequence
+    kind = draw(st.sampled_from(["list", "tensor", "tensor", "numpy"]))
+    if kind == "list":
+        return rows
+    try:
+        values = torch.tensor(rows, dtype=torch.long)  # rectangular rows within int64
+    except (ValueError, RuntimeError, TypeError, OverflowError):
+        return rows
+    dtype = draw(mostly(st.sampled_from([torch.int64, torch.int32]),
+                        st.sampled_from([torch.int16, torch.uint8, torch.float32, torch.bool])))
+    values = values.to(dtype)
+    return values if kind == "tensor" else values.numpy()
+
+
+def check_img_pos(ids: torch.Tensor, img_pos: torch.Tensor, start: int, span: int) -> None:
+    """img_pos lists exactly the well-formed spans of ids, in order."""
+    assert img_pos.dtype == torch.int64 and img_pos.dim() == 2 and img_pos.shape[1] == 3
+    assert len(img_pos) == int((ids == start).sum()) == int((ids == start + 1).sum())
+    assert img_pos.tolist() == sorted(img_pos.tolist())
+    for i, a, b in img_pos.tolist():
+        assert ids[i, a] == start and ids[i, b] == start + 1 and b - a - 1 == span
+
+
+@fuzz(320)
+@given(ids=any_ids(), custom=st.one_of(st.none(), st.tuples(st.one_of(st.integers(-1, 300), ANY_VALUE),
+                                                            st.one_of(st.integers(-1, 3), ANY_VALUE))))
+def test_locate_img_pos_on_any_ids(ids, custom):
+    start, span = (IMAGE_START_ID, IMG_TOKEN_SPAN) if custom is None else custom
+    img_pos = outcome(locate_img_pos, ids, start, span)
+    if not refused(img_pos):
+        check_img_pos(as_batch(ids), img_pos, start, span)
+
+
+@fuzz(100)
+@given(rows=id_rows(clean=True), dtype=st.sampled_from([torch.int64, torch.int32, np.int64, list]))
+def test_locate_img_pos_finds_every_well_formed_span(rows, dtype):
+    width = max(map(len, rows), default=0)
+    rows = [r + [0] * (width - len(r)) for r in rows]
+    ids = rows if dtype is list else np.array(rows, dtype=np.int64) if dtype is np.int64 else torch.tensor(
+        rows, dtype=dtype).reshape(len(rows), width)
+    img_pos = outcome(locate_img_pos, ids)
+    assert not refused(img_pos), img_pos
+    check_img_pos(torch.tensor(rows, dtype=torch.long).reshape(len(rows), width), img_pos, IMAGE_START_ID,
+                  IMG_TOKEN_SPAN)
+
+
+POSITION = st.one_of(st.integers(-3, 270), st.sampled_from([2**63 - 1, -(2**63)]))
+
+
+@fuzz(280)
+@given(rows=id_rows(max_rows=2), data=st.data())
+def test_replace_image_spans_on_any_positions(rows, data):
+    width = max(map(len, rows), default=0)
+    ids = torch.tensor([r + [7] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
+    found = outcome(locate_img_pos, ids)
+    if not refused(found) and data.draw(st.booleans()):
+        img_pos = found
+    else:
+        img_pos = data.draw(st.one_of(st.lists(st.lists(POSITION, min_size=3, max_size=3), max_size=3),
+                                      st.lists(st.lists(POSITION, max_size=4), max_size=2), ANY_VALUE))
+    n, s = data.draw(st.integers(0, 3)), data.draw(st.sampled_from([IMG_TOKEN_SPAN, IMG_TOKEN_SPAN - 1, 0, 1]))
+    fake = MODEL_VOCAB_SIZE + torch.arange(n * s).reshape(n, s)
+    fake = data.draw(st.sampled_from([fake, fake.int(), fake.float(), fake.reshape(-1), fake.tolist()]))
+    out = outcome(replace_image_spans, ids, img_pos, fake)
+    if refused(out):
+        return
+    positions = torch.as_tensor(img_pos, dtype=torch.long).reshape(-1, 3).tolist()
+    if not positions:
+        assert torch.equal(out, ids)
+        return
+    fake = torch.as_tensor(fake).long().reshape(len(positions), -1)
+    inside = torch.zeros_like(ids, dtype=torch.bool)
+    for k, (i, a, b) in enumerate(positions):
+        assert 0 <= i < ids.shape[0] and 0 <= a < b < ids.shape[1] and not inside[i, a:b + 1].any()
+        assert torch.equal(out[i, a + 1 : b], fake[k]) and out[i, a] == ids[i, a] and out[i, b] == ids[i, b]
+        inside[i, a + 1 : b] = True
+    assert torch.equal(out[~inside], ids[~inside])
+
+
+# the prompt table: ptuning_setup and the lookup, with NaN, inf, negative, huge and mistyped inputs
+
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+POISON = st.sampled_from([math.nan, math.inf, -math.inf, 1e5, -7e4, 1e39, 0.5])
+
+
+@st.composite
+def features(draw, dims, dtype=None):
+    """A small float tensor of the given shape with a few values poisoned (NaN, inf, past float16's range)."""
+    values = torch.randn(*dims, generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16))),
+                         dtype=torch.float64)
+    if values.numel() and draw(st.booleans()):
+        for _ in range(draw(st.integers(1, 2))):
+            values.view(-1)[draw(st.integers(0, values.numel() - 1))] = draw(POISON)
+    dtypes = st.sampled_from(FLOAT_DTYPES) if dtype is None else st.just(dtype)
+    return values.to(draw(mostly(dtypes, st.sampled_from(FLOAT_DTYPES + [torch.int64]))))
+
+
+@fuzz(320)
+@given(data=st.data())
+def test_ptuning_setup_on_any_features(data):
+    n, s, h = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 4)), data.draw(st.integers(1, 4))
+    input_vit = data.draw(mostly(features((n, s, h)), st.one_of(features((s, h)), st.none(), ANY_VALUE)))
+    hidden = data.draw(mostly(st.just(h), st.one_of(st.integers(-1, 5), st.just(str(h)), st.just(float(h)), ANY_VALUE)))
+    dtype = data.draw(mostly(st.sampled_from(["float32", "float16", "bfloat16", torch.float16]),
+                             st.one_of(st.just("fp16"), ANY_VALUE)))
+    batch = data.draw(st.integers(1, 3))
+    ids = data.draw(mostly(st.one_of(st.none(), st.just(torch.zeros(batch, 2, dtype=torch.long))), any_ids()))
+    tasks = data.draw(mostly(st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=batch, max_size=batch).map(
+        lambda t: ",".join(map(str, t)))), st.one_of(st.lists(st.integers(-1, 2**40), min_size=1, max_size=3).map(
+            lambda t: ",".join(map(str, t))), TEXT, ANY_VALUE)))
+    result = outcome(ptuning_setup, input_vit, dtype, hidden, tasks, ids)
+    if refused(result):
+        valid = (isinstance(input_vit, torch.Tensor) and input_vit.is_floating_point() and input_vit.dim() == 3
+                 and type(hidden) is int and input_vit.shape[2] == hidden and tasks is None
+                 and str(dtype) in ("float32", "float16", "bfloat16", "torch.float16")
+                 and (ids is None or isinstance(ids, torch.Tensor) and ids.dtype == torch.long and ids.dim() == 2)
+                 and bool(torch.isfinite(input_vit).all())
+                 and bool(torch.isfinite(input_vit.to(to_torch_dtype(dtype))).all()))
+        assert not valid, f"valid features were refused: {result}"
+        return
+    table, task_ids, task_vocab_size = result
+    assert table.dtype == to_torch_dtype(dtype) and table.shape[1] == hidden and task_ids.dtype == torch.int32
+    if input_vit is not None:
+        assert input_vit.is_floating_point() and torch.isfinite(input_vit).all() and torch.isfinite(table).all()
+        assert torch.equal(table, input_vit.reshape(-1, hidden).to(table.dtype))
+        assert task_vocab_size.tolist() == [input_vit.shape[1]]
+    expected_tasks = [0] * (1 if ids is None else as_batch(ids).shape[0]) if tasks is None else \
+        [int(t) for t in str(tasks).split(",")]
+    assert task_ids.tolist() == expected_tasks and min(expected_tasks, default=0) >= 0
+
+
+def reference_rows(ids, tasks, tvs, vocab_size, table):
+    """Per id: ("vocab", id) or ("table", row) in exact integers; None when the lookup must be refused."""
+    plan = []
+    for b, row in enumerate(ids):
+        for t in row:
+            if t < 0:
+                return None
+            if t < vocab_size:
+                plan.append(("vocab", t))
+                continue
+            r = (t - vocab_size) + tasks[b] * tvs
+            if not 0 <= r < table.shape[0] or not torch.isfinite(table[r]).all():
+                return None
+            plan.append(("table", r))
+    return plan
+
+
+@fuzz(350)
+@given(data=st.data())
+def test_prompt_tuning_embedding_on_any_lookup(data):
+    vocab_size, hidden, rows = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 3)), data.draw(st.integers(0, 8))
+    batch, length = data.draw(st.integers(1, 3)), data.draw(st.integers(0, 4))
+    dtype = data.draw(st.sampled_from(FLOAT_DTYPES))
+    vocab = torch.randn(vocab_size + data.draw(st.integers(0, 2)), hidden, dtype=torch.float64).to(dtype)
+    table = data.draw(features((rows, hidden), dtype))
+    ids = data.draw(st.lists(st.lists(mostly(st.integers(0, vocab_size + rows - 1), st.one_of(
+        st.integers(-1, vocab_size + rows + 4), st.sampled_from([2**63 - 1, 2**62]))), min_size=length,
+        max_size=length), min_size=batch, max_size=batch))
+    tasks = data.draw(st.lists(mostly(st.integers(0, 1), st.one_of(st.integers(-1, 4), st.just(2**62))),
+                               min_size=batch, max_size=batch))
+    tvs = data.draw(mostly(st.integers(0, 2), st.one_of(st.integers(-2, 5), st.just(2**62))))
+    size = data.draw(mostly(st.just(vocab_size), st.integers(-1, vocab_size + 3)))
+    tasks_kind = data.draw(mostly(st.sampled_from(["list", "tensor"]), st.just("float tensor")))
+    tvs_kind = data.draw(mostly(st.sampled_from(["int", "tensor"]), st.sampled_from(["float", "two values"])))
+    ids_kind = data.draw(mostly(st.sampled_from(["tensor", "list", "numpy int32"]), st.just("float tensor")))
+    shape_kind = data.draw(mostly(st.just("right"), st.sampled_from(["table too wide", "table 3-D", "vocab 1-D"])))
+    tasks_arg = {"list": tasks, "tensor": torch.tensor(tasks), "float tensor": torch.tensor(tasks, dtype=torch.float32)}
+    tvs_arg = {"int": tvs, "tensor": torch.tensor([tvs]), "float": float(tvs), "two values": torch.tensor([tvs, tvs])}
+    ids_tensor = torch.tensor(ids, dtype=torch.long).reshape(batch, length)
+    ids_arg = {"tensor": ids_tensor, "list": ids, "float tensor": ids_tensor.double(),
+               "numpy int32": ids_tensor.numpy().astype(np.int32) if all(abs(i) < 2**31 for row in ids for i in row) else ids}
+    table_arg = {"table too wide": table.repeat(1, 2), "table 3-D": table[None]}.get(shape_kind, table)
+    vocab_arg = vocab.reshape(-1) if shape_kind == "vocab 1-D" else vocab
+    out = outcome(prompt_tuning_embedding, ids_arg[ids_kind], vocab_arg, table_arg, tasks_arg[tasks_kind],
+                  tvs_arg[tvs_kind], size)
+    well_typed = (table.dtype == dtype and tasks_kind != "float tensor" and tvs_kind in ("int", "tensor")
+                  and (ids_kind != "float tensor" or length == 0) and shape_kind == "right")  # no ids: any dtype
+    in_range = 1 <= size <= len(vocab) and min(tasks) >= 0 and tvs >= 0
+    plan = reference_rows(ids, tasks, tvs, size, table) if in_range else None
+    if refused(out):
+        assert not well_typed or plan is None, f"a valid lookup was refused: {out}"
+        return
+    assert well_typed and plan is not None, "an invalid lookup was accepted"
+    flat = out.reshape(-1, hidden)
+    assert out.shape == (batch, length, hidden) and out.dtype == dtype
+    for k, (source, r) in enumerate(plan):
+        assert torch.equal(flat[k], vocab[r] if source == "vocab" else table[r])
