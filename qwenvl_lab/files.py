@@ -17,12 +17,13 @@ def read_json(path, fix: str) -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
-        raise CheckpointError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); {fix}") from None
+        raise CheckpointError(f"{path} is not valid JSON (not UTF-8 text: {err.reason} at byte {err.start}); "
+                              f"{fix}") from None
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
                               f"{fix}") from None
     except RecursionError:
-        raise CheckpointError(f"{path} nests its JSON too deeply to read; {fix}") from None
+        raise CheckpointError(f"{path} is not valid JSON (nested too deeply to read); {fix}") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path} must hold a JSON object, found {type(value).__name__}; {fix}")
     return value

@@ -256,7 +256,7 @@ def test_config_and_index_of_the_wrong_json_shape(damaged):
     with pytest.raises(CheckpointError, match=f"{damaged / INDEX} has no weight_map"):
         load_checkpoint(damaged)
     (damaged / "config.json").write_text("[1, 2]")
-    with pytest.raises(CheckpointError, match="config.json holds a JSON list, not an object"):
+    with pytest.raises(CheckpointError, match="config.json must hold a JSON object, found list"):
         load_checkpoint(damaged)
 
 

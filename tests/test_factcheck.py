@@ -163,7 +163,7 @@ def test_injection_times_three_identical_ways(tiny_model, tokenizer, image_files
 def test_engine_throughput_and_prefill_are_positive(tiny_model, tokenizer):
     runner = ModelRunner.from_model(tiny_model, BuildConfig(max_batch_size=2, max_input_len=384, max_seq_len=400,
                                                             max_prompt_embedding_table_size=512))
-    speeds = fc.engine_throughput(runner, tiny_model, batches=(1, 2), new_tokens=4, repeats=1)
+    speeds = fc.engine_throughput(runner, tiny_model, batches=(1, 2), new_tokens=16, repeats=2)
     assert set(speeds) == {1, 2} and all(s > 0 for s in speeds.values())
     input_vit = torch.randn(2, 64, tiny_model.config.hidden_size)
     assert fc.prefill_seconds(tiny_model, tokenizer, "What is it?", input_vit, runs=1) > 0

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwenvl_lab import resources
+from qwenvl_lab import resources, tokenizing
 from qwenvl_lab.tokenizing import (
     ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN,
     MODEL_VOCAB_SIZE, QWEN_TIKTOKEN_SHA256, TOKENIZER_VOCAB_SIZE, Query, QWenTokenizer, decode_image_path,
