@@ -100,7 +100,7 @@ def meta_tower(visual_config: dict) -> VisionTransformer:
     """A vision tower with `visual_config`'s shapes and no memory: every parameter on the meta device."""
     with torch.device("meta"):
         tower = VisionTransformer(**visual_config)
-    return tower.to("meta").eval()  # a parameter built from numpy (the resampler's pos_embed) starts on the CPU
+    return tower.eval()
 
 
 def tower_shapes(tower: VisionTransformer, pixels: torch.Tensor) -> dict:

@@ -94,7 +94,7 @@ def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
 
     grid_w, grid_h = np.meshgrid(np.arange(grid_size, dtype=np.float64), np.arange(grid_size, dtype=np.float64))
     emb = np.concatenate([one_dim(embed_dim // 2, grid_w), one_dim(embed_dim // 2, grid_h)], axis=1)
-    return torch.from_numpy(emb).float()
+    return torch.tensor(emb, dtype=torch.float32)  # on the current default device (meta, cuda) like the other weights
 
 
 def interpolate_pos_embed(pos: torch.Tensor, target_len: int) -> torch.Tensor:
