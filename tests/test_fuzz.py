@@ -1,4 +1,4 @@
-"""Fuzzing the step modules: any input gives a correct result or a deliberate error with a message.
+"""Fuzzing the package: any input gives a correct result or a deliberate error with a message.
 
 Two hypothesis profiles: "ci" (the default: a fixed seed, about 30 s for this file) and "fuzz" (at least 10,000
 examples per property), chosen with the environment variable HYPOTHESIS_PROFILE. A property is a function decorated
@@ -22,7 +22,9 @@ from PIL import Image
 from qwenvl_lab.checkpoint import CheckpointError
 from qwenvl_lab.fake_ids import replace_image_spans
 from qwenvl_lab.img_pos import as_batch, locate_img_pos
+from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup, to_torch_dtype
+from qwenvl_lab.requests import check_request
 from qwenvl_lab.tokenizing import (
     ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN,
     MODEL_VOCAB_SIZE, Query, make_context,
@@ -470,3 +472,136 @@ def test_prompt_tuning_embedding_on_any_lookup(data):
     assert out.shape == (batch, length, hidden) and out.dtype == dtype
     for k, (source, r) in enumerate(plan):
         assert torch.equal(flat[k], vocab[r] if source == "vocab" else table[r])
+
+
+# the runners' one request check (the engine's ModelRunner and TRTLLMRunner share it)
+
+SMALL_V, SMALL_H = 50, 4  # a vocabulary and hidden size small enough to reason about every id
+LIMITS = BuildConfig(max_batch_size=3, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=768,
+                     max_beam_width=2)
+
+
+def expected_rows(ids, table, tasks, tvs, per_task):
+    """The table row of every fake id (request, position) if the request is valid, else None."""
+    reads = []
+    for seq, task in zip(ids, tasks):
+        for i in seq:
+            if i >= SMALL_V:
+                row = i - SMALL_V
+                if per_task and row >= tvs:
+                    return None
+                if row + task * tvs >= len(table):
+                    return None
+                reads.append(row + task * tvs)
+    return reads
+
+
+@fuzz(300)
+@given(data=st.data())
+def test_check_request_on_any_request(data):
+    batch = data.draw(st.integers(1, 4))
+    rows = data.draw(st.sampled_from([0, 1, 2, 256, 300]))
+    per_task = data.draw(st.booleans())
+    tables = data.draw(st.integers(1, 3))
+    tvs = data.draw(mostly(st.integers(1, max(rows, 1)), st.integers(-1, 400)))
+    in_flight = data.draw(st.booleans())
+    ids = data.draw(st.lists(st.lists(mostly(st.integers(0, SMALL_V + rows + 2), st.sampled_from(
+        [-1, 2**31, 2**32 + SMALL_V + 3, 2**62])), min_size=1, max_size=6), min_size=batch, max_size=batch))
+    tasks = data.draw(st.lists(st.integers(-1, 3), min_size=batch, max_size=batch))
+    task_form = data.draw(mostly(st.sampled_from(["string", "list", "default"]), st.just("garbage")))
+    max_new = data.draw(mostly(st.integers(1, 20), st.sampled_from([0, -3, 2.5, None, True, 10**6])))
+    beams = data.draw(mostly(st.integers(1, 2), st.sampled_from([0, 3, "2"])))
+    end_id = data.draw(mostly(st.integers(-1, SMALL_V - 1), st.sampled_from([SMALL_V, -2, 1.0])))
+    value = data.draw(mostly(st.just(0.5), st.sampled_from([float("nan"), float("inf")])))
+    dtype = data.draw(mostly(st.just(torch.float32), st.just(torch.float16)))
+    shape = (tables, rows, SMALL_H) if per_task else (tables * max(rows, 1), SMALL_H)
+    table = None if rows == 0 else torch.full(shape, value, dtype=dtype)
+    prompt_tasks = {"string": ",".join(map(str, tasks)), "list": tasks, "default": None, "garbage": "a,b"}[task_form]
+    out = outcome(check_request, LIMITS, SMALL_V, SMALL_H, [torch.tensor(s) for s in ids], table, prompt_tasks,
+                  None if per_task else tvs, max_new, beams, end_id, 0, in_flight)
+    if refused(out):
+        return
+    # accepted: every limit held, every id lies below vocab_size + the rows it may read
+    assert len(ids) <= LIMITS.max_batch_size and isinstance(max_new, int) and not isinstance(max_new, bool)
+    assert 1 <= max_new and all(len(s) + max_new <= LIMITS.max_seq_len for s in ids)
+    assert beams in (1, 2) and -1 <= end_id < SMALL_V and isinstance(end_id, int)
+    assert all(0 <= i for s in ids for i in s) and all(o.dtype == torch.int64 for o in out.ids)
+    assert [o.tolist() for o in out.ids] == ids  # no id was cast or wrapped
+    if table is None:
+        assert all(i < SMALL_V for s in ids for i in s)
+        return
+    assert math.isfinite(value) and dtype == torch.float32 and task_form != "garbage"
+    flat_tvs = rows if per_task else tvs
+    reads = expected_rows(ids, out.table, out.tasks, flat_tvs, per_task)
+    assert reads is not None, "a fake id past its table was accepted"
+    assert all(0 <= t for t in out.tasks) and out.task_vocab_size == flat_tvs
+    if in_flight:
+        assert out.own_tables().shape[1] <= LIMITS.rows_per_request
+    else:
+        assert out.table.shape[0] <= LIMITS.max_prompt_embedding_table_size
+
+
+# engine directories: a deleted, truncated or edited file is refused, never loaded
+
+@pytest.fixture(scope="module")
+def small_engine(tmp_path_factory):
+    """A small engine directory (a 1000-id vocabulary) to damage copies of."""
+    import json as _json
+
+    from qwenvl_lab.checkpoint import TINY_CONFIG, save_checkpoint
+    from qwenvl_lab.engine import build_engine
+    from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
+
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})),
+                                 tmp_path_factory.mktemp("small-ckpt"))
+    assert _json.loads((checkpoint / "config.json").read_text())["vocab_size"] == 1000
+    return build_engine(checkpoint, tmp_path_factory.mktemp("small") / "engine",
+                        BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320,
+                                    max_prompt_embedding_table_size=256))
+
+
+DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty")
+
+
+@fuzz(25)
+@given(data=st.data())
+def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, data):
+    import json as _json
+    import shutil as _shutil
+
+    from qwenvl_lab.engine import ModelRunner, load_engine_vision_tower
+
+    engine = tmp_path_factory.mktemp("damaged") / "engine"
+    _shutil.copytree(small_engine, engine)
+    files = sorted(p.relative_to(engine).as_posix() for p in engine.rglob("*") if p.is_file())
+    name = data.draw(st.sampled_from(files))
+    damage = data.draw(st.sampled_from(DAMAGES if name.endswith(".json") else DAMAGES[:2] + DAMAGES[4:]))
+    path = engine / name
+    if damage == "delete":
+        path.unlink()
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[: data.draw(st.integers(0, max(path.stat().st_size - 1, 0)))])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        config = _json.loads(path.read_text())
+        keys = sorted(config) if isinstance(config, dict) else []
+        if not keys:
+            return
+        key = data.draw(st.sampled_from(keys))
+        if damage == "drop key":
+            del config[key]
+        else:
+            config[key] = data.draw(st.sampled_from(["2", None, [], -1, 1e9, {"x": 1}]))
+            if config[key] == _json.loads(path.read_text())[key]:
+                return
+        path.write_text(_json.dumps(config))
+    event(f"{damage} {name}")
+
+    def load(directory):
+        return ModelRunner.from_dir(directory), load_engine_vision_tower(directory)
+
+    out = outcome(load, engine)
+    assert refused(out), f"an engine with {name} damaged ({damage}) was loaded"
+    _shutil.rmtree(engine.parent)
