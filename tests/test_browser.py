@@ -210,6 +210,7 @@ class Notebook:
     page: object  # playwright.sync_api.Page
     lab: Lab
     path: str  # relative to the repository
+    raises: frozenset  # indices of the cells tagged raises-exception: their error output is expected
 
     def status(self) -> str | None:
         """The notebook toolbar's kernel status (idle, busy, …)."""
@@ -236,7 +237,11 @@ def open_notebook(page, lab: Lab, path: str) -> Notebook:
     """Open notebook `path` in a fresh workspace and wait until its kernel is idle."""
     page.goto(f"{lab.url}/lab/tree/{path}?reset&token={lab.token}")
     page.locator(".jp-NotebookPanel .jp-Notebook").wait_for()
-    notebook = Notebook(page, lab, path)
+    cells = json.loads((REPO / path).read_text(encoding="utf-8"))["cells"]
+    raises = frozenset(i for i, cell in enumerate(cells) if "raises-exception" in cell["metadata"].get("tags", []))
+    notebook = Notebook(page, lab, path, raises)
+    wait_for(lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells), WIDGET_S,
+             f"all {len(cells)} cells of {path} in the page")
     notebook.wait_idle(KERNEL_START_S, f"the kernel of {path} started and idle")
     return notebook
 
@@ -277,13 +282,14 @@ OUTPUTS = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].flatM
     })))"""
 
 
-def output_problems(page) -> dict[int, list[str]]:
-    """Cell index → what a learner would see go wrong there: tracebacks, code cells left unrun, widgets that did not
-    render (raw `VBox(children=…)` text, "Error displaying widget", a child view that failed, a broken picture)."""
-    problems = {}
+def output_problems(notebook: Notebook) -> dict[int, list[str]]:
+    """Cell index → what a learner would see go wrong there: tracebacks (but in cells tagged raises-exception), code
+    cells left unrun, widgets that did not render (raw `VBox(children=…)` text, "Error displaying widget", a child
+    view that failed, a broken picture)."""
+    page, problems = notebook.page, {}
     for out in page.evaluate(OUTPUTS):
         text, found = out["text"], []
-        if out["mime"] == "application/vnd.jupyter.stderr" and (
+        if out["mime"] == "application/vnd.jupyter.stderr" and out["index"] not in notebook.raises and (
                 "Traceback (most recent call last)" in text or ERROR_LINE.search(text)):
             found.append("error output:\n" + text.strip()[-1500:])
         if "Error displaying widget" in text:
@@ -307,8 +313,10 @@ def output_problems(page) -> dict[int, list[str]]:
     return {index: found for index, found in sorted(problems.items()) if found}
 
 
-def check_outputs(page, cells=".jp-Notebook .jp-Cell"):
+def check_outputs(notebook: Notebook):
     """Raise a CourseProblem (at the first bad cell) unless every output is free of errors and every widget renders."""
+    page = notebook.page
+
     def settled():  # widget views and pictures load asynchronously after the run
         return not any("Loading widget..." in out["text"] or out["brokenImages"] for out in page.evaluate(OUTPUTS))
 
@@ -316,9 +324,9 @@ def check_outputs(page, cells=".jp-Notebook .jp-Cell"):
         wait_for(settled, WIDGET_S, "every widget view created")
     except CourseProblem:
         pass  # output_problems names what is still loading or broken
-    problems = output_problems(page)
+    problems = output_problems(notebook)
     if problems:
-        first = page.locator(cells).nth(next(iter(problems)))
+        first = page.locator(".jp-Notebook .jp-Cell").nth(next(iter(problems)))
         raise CourseProblem("\n".join(f"cell {i}: {what}" for i, found in problems.items() for what in found), first)
 
 
@@ -443,7 +451,7 @@ def drive_widgets(notebook: Notebook) -> set[str]:
                 except AssertionError as err:
                     raise CourseProblem(f"the {kind} (widget {n}) does not respond as it should: {err}", root) from None
                 driven.add(kind)
-    check_outputs(notebook.page)
+    check_outputs(notebook)
     return driven
 
 
@@ -459,7 +467,7 @@ def test_notebook_runs_in_the_browser_and_its_widgets_respond(notebook, lab, bro
     try:
         opened = open_notebook(page, lab, path)
         run_all_cells(opened)
-        check_outputs(page)
+        check_outputs(opened)
         DRIVEN[notebook.name] = drive_widgets(opened)
         print(f"{path}: ran every cell; drove {', '.join(sorted(DRIVEN[notebook.name])) or 'no widget'}")
     except (AssertionError, PlaywrightError) as err:
