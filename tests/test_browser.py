@@ -128,7 +128,7 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5):
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab on a free local port, rooted at the repository, with the course's Jupyter config; kernels import
-    this checkout's qwenvl_lab and write course outputs to a temporary folder."""
+    this checkout's qwenvl_lab; course outputs and notebook checkpoints go to a temporary folder."""
     if MISSING:
         pytest.fail("the browser test needs " + "; ".join(MISSING), pytrace=False)
     home = tmp_path_factory.mktemp("jupyterlab")
@@ -147,7 +147,7 @@ def lab(tmp_path_factory):
     token, port = secrets.token_hex(16), free_port()
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={REPO}",
-               f"--IdentityProvider.token={token}"]
+               f"--IdentityProvider.token={token}", f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}"]
     if running_as_root():
         command.append("--allow-root")
     log = home / "jupyterlab.log"
