@@ -3,6 +3,8 @@
 #   make lab                 install the course into .venv, copy the notebooks into my-notebooks/, open JupyterLab
 #   make doctor              check the machine: Python, torch, vocabulary, toy model, JupyterLab, disk, memory, GPU
 #   make test                add the test tools, run the unit tests and the course notebooks (make unit, make notebooks)
+#   make browser             the course in JupyterLab in headless Chromium: every notebook run, its widgets driven
+#                            (needs Debian's chromium: apt-get install chromium; adds Playwright for Python to .venv)
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
 #   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
@@ -34,9 +36,10 @@ VENV_STAMP := $(VENV)/.created
 TORCH_STAMP := $(VENV)/.torch-$(TORCH_VERSION)
 COURSE_STAMP := $(VENV)/.course
 TEST_STAMP := $(VENV)/.test
+BROWSER_STAMP := $(VENV)/.browser
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup lab doctor reset test unit notebooks fuzz clean clean-all trtllm
+.PHONY: setup lab doctor reset test unit notebooks browser fuzz clean clean-all trtllm
 
 setup: $(COURSE_STAMP)
 
@@ -83,6 +86,11 @@ $(TEST_STAMP): $(COURSE_STAMP)
 	$(PY) -m pip install --quiet -e '.[course,test]'
 	touch $@
 
+# Playwright for Python drives the machine's Chromium: pip installs no browser, and `playwright install` is never run
+$(BROWSER_STAMP): $(TEST_STAMP)
+	$(PY) -m pip install --quiet -e '.[course,test,browser]'
+	touch $@
+
 lab: $(COURSE_STAMP)
 	$(PY) -m qwenvl_lab.lab $(LAB_ARGS)
 
@@ -94,13 +102,17 @@ reset: $(COURSE_STAMP)
 	$(PY) -m qwenvl_lab.lab --reset "$(NOTEBOOK)"
 
 test: $(TEST_STAMP)
-	$(PYTEST) tests notebooks --nbval --nbval-current-env
+	$(PYTEST) -m "not browser" tests notebooks --nbval --nbval-current-env
 
 unit: $(TEST_STAMP)
-	$(PYTEST) tests
+	$(PYTEST) -m "not browser" tests
 
 notebooks: $(TEST_STAMP)
 	$(PYTEST) --nbval --nbval-current-env notebooks
+
+browser: $(BROWSER_STAMP)
+	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
+	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py

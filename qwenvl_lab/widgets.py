@@ -334,6 +334,12 @@ def picture_png(picture, size: int = 160) -> bytes:
     return buffer.getvalue()
 
 
+def show_png(image, png: bytes) -> None:
+    """Put PNG bytes into an Image widget; without any it is hidden (a browser would draw a broken picture)."""
+    image.value = png
+    image.layout.display = None if png else "none"
+
+
 def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: int = 24) -> PanelResult:
     """Ids, prompt table and greedy answer for one picture (path or PIL image) and one question."""
     if not isinstance(question, str) or not question.strip():
@@ -374,10 +380,12 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
 
     def show_picture(_=None):
         try:
-            shown.value, source.value = picture_png(current_picture()), html.escape(
+            png, text = picture_png(current_picture()), html.escape(
                 f"uploaded: {upload.value[0]['name']}" if upload.value else f"sample: {choice.label}")
         except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
-            shown.value, source.value = b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
+            png, text = b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
+        show_png(shown, png)
+        source.value = text
 
     def on_upload(_):
         if upload.value:
@@ -461,11 +469,11 @@ def chat_panel(conversation, pictures: dict, question: str = "框出图中红色
     send = widgets.Button(description="Send", button_style="primary")
     clear = widgets.Button(description="Clear history")
     transcript, answer = widgets.HTML(), widgets.HTML()
-    boxes = widgets.Image(format="png")
+    boxes = widgets.Image(format="png", layout=widgets.Layout(display="none"))  # shown when an answer has boxes
 
     def on_send(_):
         send.disabled = True
-        boxes.value = b""
+        show_png(boxes, b"")
         try:
             for so_far in chat_turn(conversation, text.value, None if choice.value == NO_PICTURE else choice.value):
                 answer.value = f"<b>model:</b> {html.escape(so_far)}"
@@ -476,14 +484,14 @@ def chat_panel(conversation, pictures: dict, question: str = "框出图中红色
             send.disabled = False
         drawn = boxes_picture(conversation, conversation.history[-1][1])
         if drawn is not None:
-            boxes.value = picture_png(drawn, size=320)
+            show_png(boxes, picture_png(drawn, size=320))
         transcript.value, answer.value = transcript_html(conversation), ""
         choice.value = NO_PICTURE
 
     def on_clear(_):
         conversation.clear()
         transcript.value = answer.value = ""
-        boxes.value = b""
+        show_png(boxes, b"")
 
     send.on_click(on_send)
     clear.on_click(on_clear)

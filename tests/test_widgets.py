@@ -322,6 +322,7 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
         getattr(w, "children", w) for w in panel.children
     ]
     assert shown.value and source.value == "sample: red"  # the picture asked about is on screen
+    assert shown.layout.display is None
     text.value = "What color is the circle?"
     button.click()
     expected = ask_panel_result(tiny_model, tokenizer, str(image_files["red"]), text.value)
@@ -329,6 +330,7 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
     assert ids_view.value == TokenView.of(tokenizer, expected.fake_ids).to_html()
     choice.value = "nope.png"
     assert not shown.value and "cannot show the picture" in source.value
+    assert shown.layout.display == "none"  # an empty Image widget would show as a broken picture
     button.click()
     assert answer.value.startswith("<b>cannot ask:</b> image file not found: &#x27;nope.png&#x27;")
     assert ids_view.value == ""  # an error leaves nothing of the previous answer
@@ -381,9 +383,11 @@ def test_chat_panel_sends_streams_and_clears(toy_chat):
     talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))
     panel = chat_panel(talk, {"red circle": str(IMAGES / "red_circle.png")}, "What is in the picture?")
     (choice,), (text, send, clear), transcript, answer, boxes = [getattr(w, "children", w) for w in panel.children]
+    assert boxes.layout.display == "none"  # no boxes yet: an empty Image widget would show as a broken picture
     choice.value = str(IMAGES / "red_circle.png")
     send.click()
     assert "A red circle." in transcript.value and answer.value == "" and choice.value == NO_PICTURE
+    assert not boxes.value and boxes.layout.display == "none"  # that answer has no box
     text.value = "How many shapes are there?"
     send.click()
     assert len(talk.history) == 2 and "One." in transcript.value and not send.disabled

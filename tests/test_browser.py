@@ -1,0 +1,492 @@
+"""The course in a real browser: JupyterLab in headless Chromium runs every notebook (Run → Run All Cells), checks
+that no cell fails and every widget renders, and drives the widgets as a learner would (token viewer, table explorer,
+ask panel, chat panel).
+
+Needs Playwright for Python and Debian's Chromium (/usr/bin/chromium; Playwright never downloads a browser here).
+Without them the tests are skipped with the reason; with QWENVL_LAB_BROWSER_TEST=required (`make browser`) they fail.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from qwenvl_lab.lab import lab_environment, running_as_root
+from qwenvl_lab.resources import OUTPUT_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
+REQUIRED_ENV = "QWENVL_LAB_BROWSER_TEST"  # "required": missing tools fail the tests instead of skipping them
+# Headless Chromium on a closed network: without the background-networking flags its connections are refused
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# JupyterLab user settings: nothing is saved into the repository's notebooks; every cell is kept in the page
+LAB_SETTINGS = {
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+}
+SERVER_START_S = 180  # JupyterLab answering its API
+KERNEL_START_S = 180  # a notebook's kernel started and idle
+RUN_ALL_S = 900  # one notebook's Run All Cells (engines build, benchmarks run)
+ANSWER_S = 300  # an answer after Ask or Send
+WIDGET_S = 60  # a widget reacting to a slider or a choice
+ACTION_MS = 120_000  # Playwright's wait for a page to load, or an element to click, fill or read
+WIDGET_REPR = re.compile(r"\b(?:VBox|HBox|Box|GridBox|Accordion|Tab|Stack)\(children=")
+ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)\b(?::|$)", re.MULTILINE)
+DRIVEN: dict[str, set[str]] = {}  # notebook → kinds of widget driven in it, filled as the notebook tests pass
+
+
+def missing_tools() -> list[str]:
+    """What the browser tests need and this machine lacks, each with how to get it."""
+    missing = []
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("Playwright for Python (pip install playwright; never `playwright install`: it drives Debian's "
+                       "chromium)")
+    if shutil.which("chromium") is None:
+        missing.append("Chromium (as root: apt-get install chromium)")
+    if importlib.util.find_spec("jupyterlab") is None:
+        missing.append("JupyterLab (pip install -e '.[course]')")
+    return missing
+
+
+MISSING = missing_tools()
+if MISSING and os.environ.get(REQUIRED_ENV) != "required":
+    pytest.skip("the browser test needs " + "; ".join(MISSING), allow_module_level=True)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+class CourseProblem(AssertionError):
+    """What a learner would see go wrong, with the element that shows it (scrolled into the screenshot)."""
+
+    def __init__(self, message: str, where=None):
+        super().__init__(message)
+        self.where = where
+
+
+@dataclass
+class Lab:
+    """A running JupyterLab server: its address, token, process and log file."""
+
+    url: str
+    token: str
+    process: subprocess.Popen
+    log: Path
+
+    def api(self, method: str, path: str):
+        """Call the server's REST API; the decoded JSON answer (None for an empty one)."""
+        request = urllib.request.Request(f"{self.url}{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def kernel_state(self, path: str) -> str | None:
+        """The execution state of the kernel of notebook `path` (relative to the repository), None without one."""
+        for session in self.api("GET", "/api/sessions"):
+            if session["path"] == path and session.get("kernel"):
+                return session["kernel"]["execution_state"]
+        return None
+
+    def shut_down_kernels(self):
+        """End every session and its kernel."""
+        for session in self.api("GET", "/api/sessions"):
+            self.api("DELETE", f"/api/sessions/{session['id']}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5):
+    """Poll `condition` until it returns something true (returned), else raise a CourseProblem naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise CourseProblem(f"{what}: not seen within {timeout_s:g} s")
+        time.sleep(poll_s)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on a free local port, rooted at the repository, with the course's Jupyter config; kernels import
+    this checkout's qwenvl_lab; course outputs and notebook checkpoints go to a temporary folder."""
+    if MISSING:
+        pytest.fail("the browser test needs " + "; ".join(MISSING), pytrace=False)
+    home = tmp_path_factory.mktemp("jupyterlab")
+    for plugin, settings in LAB_SETTINGS.items():
+        file = home / "settings" / f"{plugin}.jupyterlab-settings"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(settings), encoding="utf-8")
+    env = lab_environment(REPO)
+    env.update({
+        OUTPUT_ENV: str(home / "course-output"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+    })
+    token, port = secrets.token_hex(16), free_port()
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={REPO}",
+               f"--IdentityProvider.token={token}", f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}"]
+    if running_as_root():
+        command.append("--allow-root")
+    log = home / "jupyterlab.log"
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    server = Lab(f"http://127.0.0.1:{port}", token, process, log)
+
+    def answers():
+        if process.poll() is not None:
+            pytest.fail(f"JupyterLab stopped (exit status {process.returncode}) before it answered; its log: "
+                        f"{log}\n{log.read_text(errors='replace')[-3000:]}", pytrace=False)
+        try:
+            return server.api("GET", "/api/status") is not None
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    try:
+        wait_for(answers, SERVER_START_S, f"JupyterLab answering on {server.url} (log: {log})")
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Debian's headless Chromium driven by Playwright, with a fresh profile."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            tmp_path_factory.mktemp("chromium-profile"), executable_path=shutil.which("chromium"), headless=True,
+            args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000})
+        context.set_default_timeout(ACTION_MS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory):
+    """The folder that gets a screenshot of each notebook that fails (pytest keeps it when a test fails)."""
+    folder = tmp_path_factory.mktemp("browser-screenshots")
+    print(f"browser test: screenshots of failures go to {folder}")
+    return folder
+
+
+# A learner's actions
+
+
+@dataclass
+class Notebook:
+    """A notebook open in a browser page, with the server whose kernel runs it."""
+
+    page: object  # playwright.sync_api.Page
+    lab: Lab
+    path: str  # relative to the repository
+    raises: frozenset  # indices of the cells tagged raises-exception: their error output is expected
+
+    def status(self) -> str | None:
+        """The notebook toolbar's kernel status (idle, busy, …)."""
+        return self.page.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status")
+
+    def wait_idle(self, timeout_s: float, what: str):
+        """Wait until the kernel is idle, for the server and the page, twice in a row."""
+        calm = [0]
+
+        def idle():
+            calm[0] = calm[0] + 1 if self.lab.kernel_state(self.path) == "idle" and self.status() == "idle" else 0
+            return calm[0] >= 2
+
+        wait_for(idle, timeout_s, what)
+
+
+def click_menu(page, menu: str, item: str):
+    """Open a menu of JupyterLab's menu bar and click one of its items."""
+    page.locator("li.lm-MenuBar-item", has=page.locator(f'.lm-MenuBar-itemLabel:text-is("{menu}")')).click()
+    page.locator(f'.lm-Menu li.lm-Menu-item:has(> .lm-Menu-itemLabel:text-is("{item}"))').click()
+
+
+def open_notebook(page, lab: Lab, path: str) -> Notebook:
+    """Open notebook `path` in a fresh workspace and wait until its kernel is idle."""
+    page.goto(f"{lab.url}/lab/tree/{path}?reset&token={lab.token}")
+    page.locator(".jp-NotebookPanel .jp-Notebook").wait_for()
+    cells = json.loads((REPO / path).read_text(encoding="utf-8"))["cells"]
+    raises = frozenset(i for i, cell in enumerate(cells) if "raises-exception" in cell["metadata"].get("tags", []))
+    notebook = Notebook(page, lab, path, raises)
+    wait_for(lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells), WIDGET_S,
+             f"all {len(cells)} cells of {path} in the page")
+    notebook.wait_idle(KERNEL_START_S, f"the kernel of {path} started and idle")
+    return notebook
+
+
+CELLS = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map(cell => ({
+    code: cell.classList.contains('jp-CodeCell'),
+    prompt: cell.querySelector('.jp-InputPrompt')?.textContent ?? '',
+    empty: (cell.querySelector('.cm-content')?.textContent ?? '').trim() === '',
+}))"""
+RAN = re.compile(r"\[\d+\]")  # an input prompt such as [12]: the cell ran
+
+
+def run_all_cells(notebook: Notebook, timeout_s: float = RUN_ALL_S):
+    """Clear every output, Run → Run All Cells, and wait until no cell is queued and the kernel stays idle."""
+    page = notebook.page
+    click_menu(page, "Edit", "Clear Outputs of All Cells")
+    click_menu(page, "Run", "Run All Cells")
+    if not [c for c in page.evaluate(CELLS) if c["code"] and not c["empty"]]:
+        return
+    deadline, settled = time.monotonic() + timeout_s, 0
+    while settled < 3:  # three polls in a row: nothing queued, kernel idle, some cell numbered
+        time.sleep(1)
+        cells, status = page.evaluate(CELLS), notebook.status()
+        queued = [c for c in cells if c["code"] and "*" in c["prompt"]]
+        ran = any(c["code"] and RAN.search(c["prompt"]) for c in cells)
+        settled = settled + 1 if status == "idle" and not queued and ran else 0
+        if time.monotonic() > deadline:
+            raise CourseProblem(f"Run All Cells did not finish within {timeout_s:g} s: kernel {status}, "
+                                f"{len(queued)} code cell(s) still queued")
+
+
+OUTPUTS = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].flatMap((cell, index) =>
+    [...cell.querySelectorAll('.jp-OutputArea-output')].map(output => ({
+        index, mime: output.dataset.mimeType ?? '', text: output.textContent,
+        errorWidget: output.querySelector('.jupyter-widgets-error-widget') !== null,
+        brokenImages: [...output.querySelectorAll('img')].filter(
+            img => img.offsetParent !== null && img.complete && img.naturalWidth === 0).length,
+    })))"""
+
+
+def output_problems(notebook: Notebook) -> dict[int, list[str]]:
+    """Cell index → what a learner would see go wrong there: tracebacks (but in cells tagged raises-exception), code
+    cells left unrun, widgets that did not render (raw `VBox(children=…)` text, "Error displaying widget", a child
+    view that failed, a broken picture)."""
+    page, problems = notebook.page, {}
+    for out in page.evaluate(OUTPUTS):
+        text, found = out["text"], []
+        if out["mime"] == "application/vnd.jupyter.stderr" and out["index"] not in notebook.raises and (
+                "Traceback (most recent call last)" in text or ERROR_LINE.search(text)):
+            found.append("error output:\n" + text.strip()[-1500:])
+        if "Error displaying widget" in text:
+            found.append(f"a widget did not render: {text.strip()[:300]!r}")
+        if out["errorWidget"]:
+            found.append("a part of a widget could not be displayed (JupyterLab shows an error box in its place; "
+                         "the browser console says why)")
+        if out["mime"] == "text/plain" and WIDGET_REPR.search(text):
+            found.append(f"a widget shows as its text repr, not as a widget: {text.strip()[:200]!r}")
+        if "Loading widget..." in text:
+            found.append("a widget is still 'Loading widget...' after the run")
+        if out["brokenImages"]:
+            found.append(f"{out['brokenImages']} picture(s) shown as a broken image")
+        for what in found:
+            if what not in problems.setdefault(out["index"], []):  # an output inside a widget is seen twice
+                problems[out["index"]].append(what)
+    cells = page.evaluate(CELLS)
+    unrun = [i for i, c in enumerate(cells) if c["code"] and not c["empty"] and not RAN.search(c["prompt"])]
+    if unrun:
+        problems.setdefault(unrun[0], []).append(f"{len(unrun)} code cell(s) did not run (cells {unrun[:10]})")
+    return {index: found for index, found in sorted(problems.items()) if found}
+
+
+def check_outputs(notebook: Notebook):
+    """Raise a CourseProblem (at the first bad cell) unless every output is free of errors and every widget renders."""
+    page = notebook.page
+
+    def settled():  # widget views and pictures load asynchronously after the run
+        return not any("Loading widget..." in out["text"] or out["brokenImages"] for out in page.evaluate(OUTPUTS))
+
+    try:
+        wait_for(settled, WIDGET_S, "every widget view created")
+    except CourseProblem:
+        pass  # output_problems names what is still loading or broken
+    problems = output_problems(notebook)
+    if problems:
+        first = page.locator(".jp-Notebook .jp-Cell").nth(next(iter(problems)))
+        raise CourseProblem("\n".join(f"cell {i}: {what}" for i, found in problems.items() for what in found), first)
+
+
+def drag_slider(page, slider, fraction: float):
+    """Drag a slider's handle with the mouse to `fraction` of its track."""
+    track, handle = slider.locator(".noUi-base"), slider.locator(".noUi-handle")
+    handle.scroll_into_view_if_needed()
+    box, grip = track.bounding_box(), handle.bounding_box()
+    page.mouse.move(grip["x"] + grip["width"] / 2, grip["y"] + grip["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + fraction * box["width"], box["y"] + box["height"] / 2, steps=10)
+    page.mouse.up()
+
+
+def html_matching(root, pattern: re.Pattern):
+    """The HTML widget of `root` whose text matches `pattern`."""
+    return root.locator(".widget-html-content").filter(has_text=pattern)
+
+
+POSITION = re.compile(r"^position (\d+): id (\d+) · ")
+LOOKUP = re.compile(r"^sequence (\d+), position (\d+): fake id (\d+) = .* = prompt_table row (\d+)$")
+CHIP_RANGE = re.compile(r"^(\d+)(?:–(\d+))?:")
+
+
+def drive_token_viewer(notebook: Notebook, root):
+    """Move the position slider: the described position follows it, and the outlined chip holds that position."""
+    info, slider = html_matching(root, POSITION), root.locator(".widget-slider")
+    before = info.inner_text().strip()
+    drag_slider(notebook.page, slider, 0.7)
+    notebook.wait_idle(WIDGET_S, "the kernel done with the token viewer's slider")
+    after, readout = info.inner_text().strip(), slider.locator(".widget-readout").inner_text().strip()
+    position = int(POSITION.match(after).group(1))
+    assert str(position) == readout, f"the slider reads {readout} but the viewer describes {after!r}"
+    assert after != before, f"moving the slider to {readout} left the description at {before!r}"
+    outlined = root.locator('span[style*="outline:2px solid"]')
+    first, last = CHIP_RANGE.match(outlined.get_attribute("title")).groups()
+    assert int(first) <= position <= int(last or first), \
+        f"the outlined chip {outlined.get_attribute('title')!r} does not hold position {position}"
+
+
+def drive_table_explorer(notebook: Notebook, root):
+    """Move the fake-id slider: the described table row changes and the heat map is drawn again."""
+    info, slider = html_matching(root, LOOKUP), root.locator(".widget-slider")
+    heat_map = root.locator(".widget-output img").first
+    before, map_before = info.inner_text().strip(), heat_map.get_attribute("src")
+    drag_slider(notebook.page, slider, 0.7)
+    notebook.wait_idle(WIDGET_S, "the kernel done with the table explorer's slider")
+    after, readout = info.inner_text().strip(), slider.locator(".widget-readout").inner_text().strip()
+    assert LOOKUP.match(after), f"the table explorer describes {after!r}"
+    assert LOOKUP.match(after).group(4) != LOOKUP.match(before).group(4), \
+        f"moving the slider to fake id #{readout} left the row as it was: {before!r} → {after!r}"
+    heat_map.wait_for()
+    assert heat_map.get_attribute("src") != map_before, "the heat map was not drawn again for the new row"
+
+
+def pick_option(root, skip=()) -> str:
+    """Choose, in `root`'s dropdown, the last option not in `skip` that is not chosen now; its label."""
+    select = root.locator("select").first
+    chosen = select.evaluate("s => s.options[s.selectedIndex]?.text ?? ''")
+    labels = [o for o in select.locator("option").all_inner_texts() if o not in skip and o != chosen]
+    assert labels, f"the dropdown offers nothing else than {chosen!r}"
+    select.select_option(label=labels[-1])
+    return labels[-1]
+
+
+def drive_ask_panel(notebook: Notebook, root):
+    """Pick a sample picture (shown), type a question, click Ask: an answer, the fake ids and the table appear."""
+    picture = root.locator("img.widget-image").first
+    source_before = picture.get_attribute("src")
+    label = pick_option(root)
+    notebook.wait_idle(WIDGET_S, f"the kernel done with choosing {label}")
+    html_matching(root, re.compile(rf"^sample: {re.escape(label)}$")).wait_for()
+    assert picture.get_attribute("src") != source_before, f"choosing {label} left the picture as it was"
+    assert picture.evaluate("img => img.complete && img.naturalWidth > 0"), f"the picture of {label} is broken"
+    root.locator(".widget-text input").first.fill("How many shapes are there?")
+    root.get_by_role("button", name="Ask", exact=True).click()
+    reply = html_matching(root, re.compile(r"^(answer|cannot ask):"))
+    reply.wait_for(timeout=ANSWER_S * 1000)
+    notebook.wait_idle(ANSWER_S, "the kernel done answering")
+    text = reply.inner_text().strip()
+    assert re.match(r"^answer: \S", text), f"the ask panel says {text!r}"
+    html_matching(root, re.compile(r"fake_prompt_id \d+")).wait_for()
+    root.locator(".widget-output img").first.wait_for()
+
+
+def drive_chat_panel(notebook: Notebook, root):
+    """Attach a picture, type a question, click Send: the transcript shows the question, the picture and an answer."""
+    label = pick_option(root, skip={"(no new picture)"})
+    question = "What is in the picture?"
+    root.locator(".widget-text input").first.fill(question)
+    root.get_by_role("button", name="Send", exact=True).click()
+    turn = html_matching(root, re.compile(rf"you: {re.escape(question)}"))
+    turn.wait_for(timeout=ANSWER_S * 1000)
+    notebook.wait_idle(ANSWER_S, "the kernel done answering")
+    text = turn.inner_text()
+    assert re.search(r"model: \S", text), f"the chat transcript has no answer: {text!r}"
+    assert os.path.basename(label) in text, f"the transcript does not name the picture {label!r}: {text!r}"
+
+
+DRIVERS = {  # kind → (how to recognise it inside a widget's view, how to drive it)
+    "token viewer": (lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^position$")),
+                     drive_token_viewer),
+    "table explorer": (lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^fake id #$")),
+                       drive_table_explorer),
+    "ask panel": (lambda root: root.get_by_role("button", name="Ask", exact=True), drive_ask_panel),
+    "chat panel": (lambda root: root.get_by_role("button", name="Send", exact=True), drive_chat_panel),
+}
+
+
+def drive_widgets(notebook: Notebook) -> set[str]:
+    """Drive each of the course's widgets the notebook shows, then check every output again; the kinds driven."""
+    roots = notebook.page.locator(
+        ".jp-Cell-outputArea > .jp-OutputArea-child > .jp-OutputArea-output > .jupyter-widgets")
+    driven = set()
+    for n in range(roots.count()):
+        root = roots.nth(n)
+        for kind, (finds, drive) in DRIVERS.items():
+            if finds(root).count():
+                root.scroll_into_view_if_needed()
+                try:
+                    drive(notebook, root)
+                except AssertionError as err:
+                    raise CourseProblem(f"the {kind} (widget {n}) does not respond as it should: {err}", root) from None
+                driven.add(kind)
+    check_outputs(notebook)
+    return driven
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.relative_to(REPO / "notebooks").as_posix())
+def test_notebook_runs_in_the_browser_and_its_widgets_respond(notebook, lab, browser, screenshots):
+    from playwright.sync_api import Error as PlaywrightError
+
+    path = notebook.relative_to(REPO).as_posix()
+    page = browser.new_page()
+    console = []
+    page.on("console", lambda message: console.append(message.text) if message.type == "error" else None)
+    failure = None
+    try:
+        opened = open_notebook(page, lab, path)
+        run_all_cells(opened)
+        check_outputs(opened)
+        DRIVEN[notebook.name] = drive_widgets(opened)
+        print(f"{path}: ran every cell; drove {', '.join(sorted(DRIVEN[notebook.name])) or 'no widget'}")
+    except (AssertionError, PlaywrightError) as err:
+        if getattr(err, "where", None) is not None:
+            err.where.scroll_into_view_if_needed()
+        shot = screenshots / f"{notebook.stem}.png"
+        page.screenshot(path=shot)
+        errors = "".join(f"\n  {line[:300]}" for line in console[-10:])
+        failure = (f"{path}: {err}\nscreenshot: {shot}\nJupyterLab's log: {lab.log}"
+                   + (f"\nbrowser console errors:{errors}" if errors else ""))
+    finally:
+        page.close()
+        lab.shut_down_kernels()
+    if failure:
+        pytest.fail(failure, pytrace=False)
+
+
+def test_the_notebooks_show_every_kind_of_widget():
+    if len(DRIVEN) < len(NOTEBOOKS):
+        pytest.skip("needs every notebook's browser test to have passed in this run")
+    shown = set().union(*DRIVEN.values())
+    assert {"token viewer", "table explorer", "ask panel"} <= shown, f"driven: {DRIVEN}"
