@@ -39,7 +39,7 @@ TEST_STAMP := $(VENV)/.test
 BROWSER_STAMP := $(VENV)/.browser
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup lab doctor reset test unit notebooks browser fuzz clean clean-all trtllm
+.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm regenerate
 
 setup: $(COURSE_STAMP)
 
@@ -101,8 +101,12 @@ reset: $(COURSE_STAMP)
 	@if [ -z "$(NOTEBOOK)" ]; then echo "usage: make reset NOTEBOOK=03 (a course notebook's number or name)" >&2; exit 2; fi
 	$(PY) -m qwenvl_lab.lab --reset "$(NOTEBOOK)"
 
-test: $(TEST_STAMP)
+test: lint
 	$(PYTEST) -m "not browser" tests notebooks --nbval --nbval-current-env
+
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check qwenvl_lab tests
+	$(PY) -m ruff format --check qwenvl_lab tests
 
 unit: $(TEST_STAMP)
 	$(PYTEST) -m "not browser" tests
@@ -141,3 +145,8 @@ TRT_ARGS = --checkpoint $(TRT_CHECKPOINT) --image $(TRT_IMAGE) --question "$(TRT
 trtllm: setup
 	$(PY) -m qwenvl_lab.trtllm.pipeline --stage prepare $(TRT_REFERENCE) $(TRT_ARGS)
 	$(TRT_PY) -m qwenvl_lab.trtllm.pipeline --stage gpu $(TRT_ARGS)
+
+# Execute every notebook in place (widget state stored): their outputs are what nbval compares (CONTRIBUTING.md)
+regenerate: $(TEST_STAMP)
+	cd notebooks && ../$(PY) -m jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.store_widget_state=True *.ipynb solutions/*.ipynb
