@@ -54,23 +54,38 @@ NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=MODELS, default="toy", help="toy: data/toy-qwen-vl; tiny: a random tiny "
-                        "checkpoint; qwen-vl-chat: Qwen-VL-Chat's size with random weights, built on the device")
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="toy",
+        help="toy: data/toy-qwen-vl; tiny: a random tiny "
+        "checkpoint; qwen-vl-chat: Qwen-VL-Chat's size with random weights, built on the device",
+    )
     parser.add_argument("--checkpoint", type=Path, help="use this checkpoint directory instead of --model's")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                        help="engine and eager dtype (default float32 on cpu, float16 on cuda)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="engine and eager dtype (default float32 on cpu, float16 on cuda)",
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request (default 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement, best kept (default 3)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
-    parser.add_argument("--decode-backend", choices=("auto", *BACKENDS), default="auto",
-                        help="the engine's decode back end (default auto: Triton kernels on CUDA, numba on a CPU)")
+    parser.add_argument(
+        "--decode-backend",
+        choices=("auto", *BACKENDS),
+        default="auto",
+        help="the engine's decode back end (default auto: Triton kernels on CUDA, numba on a CPU)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--first-answer", action="store_true",
-                        help="also time a fresh process's first answer: cold, then with the kernel choices the cold one "
-                             "tuned and saved (ModelRunner.warm_up), each from loading the engine to the answer")
+    parser.add_argument(
+        "--first-answer",
+        action="store_true",
+        help="also time a fresh process's first answer: cold, then with the kernel choices the cold one "
+        "tuned and saved (ModelRunner.warm_up), each from loading the engine to the answer",
+    )
     parser.add_argument("--first-answer-child", type=Path, help=argparse.SUPPRESS)  # the fresh process; its tuning file
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -178,8 +193,10 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
     and on a GPU with Triton also the engine's own kernel), timed like the engine's decode: the fastest of `runs`
     runs of `length` products in a row (gb_per_s); peak_gb_per_s is the fastest single product's."""
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    layouts = {"[out, in]": (weight.contiguous(), lambda w: F.linear(x, w)),
-               "[in, out]": (weight.t().contiguous(), lambda w: x @ w)}
+    layouts = {
+        "[out, in]": (weight.contiguous(), lambda w: F.linear(x, w)),
+        "[in, out]": (weight.t().contiguous(), lambda w: x @ w),
+    }
     if weight.device.type == "cuda" and importlib.util.find_spec("triton") is not None:
         from .engine.decode.triton_linear import fused_linear
 
@@ -189,14 +206,19 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
         for layout, (matrix, product) in layouts.items():
             for _ in range(3):
                 product(matrix)
-            timings[layout] = timed_runs(lambda: product(matrix), runs, length, weight.device)
+            timings[layout] = timed_runs(lambda p=product, m=matrix: p(m), runs, length, weight.device)
     layout = min(timings, key=lambda name: timings[name][0])
     size = weight.numel() * weight.element_size()
-    return {"matrix": f"lm_head.weight {list(weight.shape)} {str(weight.dtype).removeprefix('torch.')}",
-            "layout": layout, "bytes": size, "products_per_run": length, "seconds": timings[layout][0],
-            "gb_per_s": size / timings[layout][0] / 1e9,
-            "peak_gb_per_s": size / min(single for _, single in timings.values()) / 1e9,
-            "gb_per_s_by_layout": {name: size / run / 1e9 for name, (run, _) in timings.items()}}
+    return {
+        "matrix": f"lm_head.weight {list(weight.shape)} {str(weight.dtype).removeprefix('torch.')}",
+        "layout": layout,
+        "bytes": size,
+        "products_per_run": length,
+        "seconds": timings[layout][0],
+        "gb_per_s": size / timings[layout][0] / 1e9,
+        "peak_gb_per_s": size / min(single for _, single in timings.values()) / 1e9,
+        "gb_per_s_by_layout": {name: size / run / 1e9 for name, (run, _) in timings.items()},
+    }
 
 
 def products_alone(runner, runs: int, length: int) -> float:
@@ -224,6 +246,7 @@ def products_alone(runner, runs: int, length: int) -> float:
                 linear(mlp, layer.proj_t.t(), out=residual)
             linear(x, engine.lm_head_t.t())
     else:
+
         def step():
             for layer in engine.layers:
                 torch.addmm(layer.qkv_b, x, layer.qkv_t)
@@ -231,6 +254,7 @@ def products_alone(runner, runs: int, length: int) -> float:
                 x @ layer.gate_fc_t
                 torch.addmm(x, mlp, layer.proj_t)
             x @ engine.lm_head_t
+
     with torch.inference_mode():
         run = step
         if device.type == "cuda":
@@ -276,11 +300,28 @@ def make_requests(count: int, vocab_size: int, seed: int) -> list[torch.Tensor]:
     requests = []
     for i in range(count):
         picture = torch.arange(vocab_size + IMG_TOKEN_SPAN * i, vocab_size + IMG_TOKEN_SPAN * (i + 1))  # [256]
-        requests.append(torch.cat([
-            torch.tensor([IM_START_ID]), text(20), torch.tensor([IM_END_ID]), newline,
-            torch.tensor([IM_START_ID]), text(6), torch.tensor([IMAGE_START_ID]), picture, torch.tensor([IMAGE_END_ID]),
-            newline, text(8 + 5 * i), torch.tensor([IM_END_ID]), newline, torch.tensor([IM_START_ID]), text(2), newline,
-        ]))
+        requests.append(
+            torch.cat(
+                [
+                    torch.tensor([IM_START_ID]),
+                    text(20),
+                    torch.tensor([IM_END_ID]),
+                    newline,
+                    torch.tensor([IM_START_ID]),
+                    text(6),
+                    torch.tensor([IMAGE_START_ID]),
+                    picture,
+                    torch.tensor([IMAGE_END_ID]),
+                    newline,
+                    text(8 + 5 * i),
+                    torch.tensor([IM_END_ID]),
+                    newline,
+                    torch.tensor([IM_START_ID]),
+                    text(2),
+                    newline,
+                ]
+            )
+        )
     return requests
 
 
@@ -301,24 +342,38 @@ def eager_generate(model, requests, table, new_tokens: int) -> torch.Tensor:
     input_ids = torch.full((len(requests), width), ENDOFTEXT_ID, dtype=torch.long)
     mask = torch.zeros(len(requests), width, dtype=torch.long)
     for i, ids in enumerate(requests):
-        input_ids[i, width - len(ids):], mask[i, width - len(ids):] = ids, 1
+        input_ids[i, width - len(ids) :], mask[i, width - len(ids) :] = ids, 1
     device = table.device
-    out = model.generate(input_ids.to(device), attention_mask=mask.to(device), prompt_table=table,
-                         tasks=torch.zeros(len(requests), dtype=torch.int32, device=device),
-                         task_vocab_size=IMG_TOKEN_SPAN, max_new_tokens=new_tokens, do_sample=False,
-                         pad_token_id=ENDOFTEXT_ID)
+    out = model.generate(
+        input_ids.to(device),
+        attention_mask=mask.to(device),
+        prompt_table=table,
+        tasks=torch.zeros(len(requests), dtype=torch.int32, device=device),
+        task_vocab_size=IMG_TOKEN_SPAN,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=ENDOFTEXT_ID,
+    )
     return out[:, width:]
 
 
 def engine_generate(runner, requests, table, new_tokens: int) -> torch.Tensor:
     """The engine on the same requests and table (python-session convention, tasks 0): new tokens [B, new_tokens]."""
-    out = runner.generate(requests, prompt_table=table, prompt_tasks=",".join("0" * len(requests)),
-                          task_vocab_size=IMG_TOKEN_SPAN, max_new_tokens=new_tokens, end_id=-1, pad_id=ENDOFTEXT_ID)
+    out = runner.generate(
+        requests,
+        prompt_table=table,
+        prompt_tasks=",".join("0" * len(requests)),
+        task_vocab_size=IMG_TOKEN_SPAN,
+        max_new_tokens=new_tokens,
+        end_id=-1,
+        pad_id=ENDOFTEXT_ID,
+    )
     return torch.stack([out[i, 0, len(ids) : len(ids) + new_tokens] for i, ids in enumerate(requests)]).long()
 
 
 def measure(generate, requests, table, new_tokens: int, repeats: int, device, baseline: int) -> dict:
     """TTFT (a 1-token run), decode speed ((N-1) tokens ÷ (N-token run - TTFT)), peak memory, tokens."""
+
     def timed(n):
         synchronize(device)
         start = time.perf_counter()
@@ -338,17 +393,31 @@ def measure(generate, requests, table, new_tokens: int, repeats: int, device, ba
             "(and --threads 1 on a shared CPU)"
         )
     steps_per_s = (new_tokens - 1) / (total - ttft)
-    return {"batch": len(requests), "ttft_ms": ttft * 1e3, "total_ms": total * 1e3,
-            "decode_tokens_per_s": steps_per_s * len(requests), "decode_steps_per_s": steps_per_s,
-            "peak_mem_mb": peak.peak / 2**20, "tokens": tokens.cpu()}
+    return {
+        "batch": len(requests),
+        "ttft_ms": ttft * 1e3,
+        "total_ms": total * 1e3,
+        "decode_tokens_per_s": steps_per_s * len(requests),
+        "decode_steps_per_s": steps_per_s,
+        "peak_mem_mb": peak.peak / 2**20,
+        "tokens": tokens.cpu(),
+    }
 
 
 def hardware(device: torch.device) -> dict:
     """What ran the benchmark."""
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), platform.processor())
-    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), platform.processor()
+    )
+    info = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
@@ -381,8 +450,9 @@ def first_answer(args: argparse.Namespace) -> dict:
         table = picture_features(model, 1, real=checkpoint is not None)[0]  # [256, H]
         synchronize(device)
         start = time.perf_counter()
-        runner = ModelRunner.from_model(model, engine_limits(requests, args), device, args.decode_backend,
-                                        tuning_file=args.first_answer_child)
+        runner = ModelRunner.from_model(
+            model, engine_limits(requests, args), device, args.decode_backend, tuning_file=args.first_answer_child
+        )
         runner.warm_up(progress=False)
         synchronize(device)
         ready = time.perf_counter()
@@ -421,12 +491,18 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
 def engine_limits(requests, args: argparse.Namespace) -> BuildConfig:
     """Limits that hold the requests and their new tokens, rounded up to whole KV buckets; one picture each."""
     longest = max(len(ids) for ids in requests)
-    return BuildConfig(max_batch_size=len(requests), max_input_len=-(-longest // KV_BUCKET) * KV_BUCKET,
-                       max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
-                       max_prompt_embedding_table_size=IMG_TOKEN_SPAN * len(requests), dtype=args.dtype)
+    return BuildConfig(
+        max_batch_size=len(requests),
+        max_input_len=-(-longest // KV_BUCKET) * KV_BUCKET,
+        max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
+        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * len(requests),
+        dtype=args.dtype,
+    )
 
 
-def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, baseline: int, workdir: Path) -> dict:
+def measure_all(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype, baseline: int, workdir: Path
+) -> dict:
     """The benchmark proper (engine files and the tiny checkpoint go in `workdir`)."""
     model, checkpoint = load_model(args, device, dtype, workdir)
     batches = sorted(set(args.batch))
@@ -441,8 +517,20 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     if not args.no_eager:
         with torch.inference_mode():
             for b in batches:
-                results.append({"method": "eager", **measure(lambda *a: eager_generate(model, *a), requests[:b], tables[b],
-                                                             args.new_tokens, args.repeats, device, baseline)})
+                results.append(
+                    {
+                        "method": "eager",
+                        **measure(
+                            lambda *a: eager_generate(model, *a),
+                            requests[:b],
+                            tables[b],
+                            args.new_tokens,
+                            args.repeats,
+                            device,
+                            baseline,
+                        ),
+                    }
+                )
     runner_options = dict(device=device, decode_backend=args.decode_backend)
     if checkpoint is not None:
         engine_dir = build_engine(checkpoint, workdir / "engine", build_config)
@@ -456,8 +544,15 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         release_memory(device)
     probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), args.repeats, steps))
     for b in batches:
-        result = measure(lambda *a: engine_generate(runner, *a), requests[:b], tables[b], args.new_tokens,
-                         args.repeats, device, baseline)
+        result = measure(
+            lambda *a: engine_generate(runner, *a),
+            requests[:b],
+            tables[b],
+            args.new_tokens,
+            args.repeats,
+            device,
+            baseline,
+        )
         eager = next((r for r in results if r["method"] == "eager" and r["batch"] == b), None)
         if eager is not None:
             result["same_tokens_as_eager"] = int((result["tokens"] == eager["tokens"]).all(dim=1).sum())
@@ -478,16 +573,32 @@ def measure_all(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "hardware": hardware(device),
-        "model": {"name": args.model if args.checkpoint is None else str(args.checkpoint),
-                  "hidden_size": runner.hidden_size, "layers": runner.pretrained_config["num_hidden_layers"],
-                  "vocab_size": runner.vocab_size, "dtype": args.dtype, "weight_bytes_per_token": weight_bytes},
-        "bandwidth": {**probe, "limit_decode_steps_per_s": limit, "peak_gb_per_s": peak,
-                      "probes_gb_per_s": [p["gb_per_s"] for p in probes]},  # before eager, before and after the engine
+        "model": {
+            "name": args.model if args.checkpoint is None else str(args.checkpoint),
+            "hidden_size": runner.hidden_size,
+            "layers": runner.pretrained_config["num_hidden_layers"],
+            "vocab_size": runner.vocab_size,
+            "dtype": args.dtype,
+            "weight_bytes_per_token": weight_bytes,
+        },
+        "bandwidth": {
+            **probe,
+            "limit_decode_steps_per_s": limit,
+            "peak_gb_per_s": peak,
+            "probes_gb_per_s": [p["gb_per_s"] for p in probes],
+        },  # before eager, before and after the engine
         "products_alone": {"ms": products * 1e3, "pct_of_limit": 100 / (products * limit)},
-        "settings": {"device": str(device), "prompt_lengths": [len(ids) for ids in requests], "pictures_per_request": 1,
-                     "new_tokens": args.new_tokens, "repeats": args.repeats, "build_config": asdict(build_config),
-                     "decode_backend": runner.decode_backend, "cuda_graphs": device.type == "cuda",
-                     "vision_timed": False},
+        "settings": {
+            "device": str(device),
+            "prompt_lengths": [len(ids) for ids in requests],
+            "pictures_per_request": 1,
+            "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "build_config": asdict(build_config),
+            "decode_backend": runner.decode_backend,
+            "cuda_graphs": device.type == "cuda",
+            "vision_timed": False,
+        },
         "results": results,
     }
 
@@ -513,11 +624,15 @@ def format_table(report: dict) -> str:
     for r in report["results"]:
         speedup = f"{r['throughput_vs_batch1']:.2f}" if "throughput_vs_batch1" in r else ""
         same = f"{r['same_tokens_as_eager']}/{r['batch']}" if "same_tokens_as_eager" in r else ""
-        lines.append(f"{r['method']:<7} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
-                     f"{r['pct_of_limit']:>10.1f}% {r['peak_mem_mb']:>9.1f} {speedup:>9} {same:>11}")
+        lines.append(
+            f"{r['method']:<7} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
+            f"{r['pct_of_limit']:>10.1f}% {r['peak_mem_mb']:>9.1f} {speedup:>9} {same:>11}"
+        )
     for label, times in report.get("first_answer_s", {}).items():
-        lines.append(f"first answer ({label}): engine ready in {times['load_s']:.2f} s, then answered in "
-                     f"{times['first_answer_s']:.2f} s")
+        lines.append(
+            f"first answer ({label}): engine ready in {times['load_s']:.2f} s, then answered in "
+            f"{times['first_answer_s']:.2f} s"
+        )
     return "\n".join(lines)
 
 

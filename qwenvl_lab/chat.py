@@ -20,7 +20,7 @@ from .files import field, read_json
 from .img_pos import locate_img_pos
 from .prompt_table import per_request_tables, to_torch_dtype
 from .requests import as_id_list, check_sampling, parse_tasks
-from .tokenizing import (ENDOFTEXT_ID, IM_END_ID, IM_START_ID, QWenTokenizer, decode_image_path, make_context)
+from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, QWenTokenizer, decode_image_path, make_context
 
 SYSTEM = "You are a helpful assistant."
 STOP_IDS = (IM_END_ID, IM_START_ID)  # Qwen-VL-Chat's stop words: the end of its turn, or the start of another
@@ -32,8 +32,15 @@ def picture_name(picture, k: int) -> str:
     return os.fspath(picture) if isinstance(picture, (str, os.PathLike)) else SPAN_NAME.format(k=k)
 
 
-def make_prompt(tokenizer: QWenTokenizer, question: str, pictures=(), history=None, system: str = SYSTEM,
-                max_window_size: int = 6144, names=None):
+def make_prompt(
+    tokenizer: QWenTokenizer,
+    question: str,
+    pictures=(),
+    history=None,
+    system: str = SYSTEM,
+    max_window_size: int = 6144,
+    names=None,
+):
     """(query, context ids) of one chat turn: the pictures, then the question, after the history's turns (`names`:
     what each picture's span holds, default `picture_name`)."""
     names = [picture_name(p, k + 1) for k, p in enumerate(pictures)] if names is None else names
@@ -49,8 +56,17 @@ def answer_text(tokenizer: QWenTokenizer, new_ids) -> str:
     return tokenizer.decode(new_ids[:end])
 
 
-def ask_batch(runner, vision, tokenizer: QWenTokenizer, questions, history=None, system: str = SYSTEM,
-              input_vit=None, max_new_tokens: int = 64, **sampling) -> list[str]:
+def ask_batch(
+    runner,
+    vision,
+    tokenizer: QWenTokenizer,
+    questions,
+    history=None,
+    system: str = SYSTEM,
+    input_vit=None,
+    max_new_tokens: int = 64,
+    **sampling,
+) -> list[str]:
     """Answers to a batch of (pictures, question) pairs, each after the same history.
 
     The pictures of every prompt (the history's first, then its own) go through `vision` in one call, unless
@@ -59,37 +75,61 @@ def ask_batch(runner, vision, tokenizer: QWenTokenizer, questions, history=None,
     On a tensor-parallel rank other than 0 (no outputs there) every answer is None.
     """
     prompts = [make_prompt(tokenizer, question, pictures, history, system)[1] for pictures, question in questions]
-    batch = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in prompts], batch_first=True,
-                                            padding_value=ENDOFTEXT_ID)  # [B, L]
+    batch = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
+    )  # [B, L]
     img_pos = locate_img_pos(batch)  # [N, 3]
     table = None
     if len(img_pos) and (vision is not None or input_vit is not None):
         if input_vit is None:
             own = iter(p for pictures, _ in questions for p in pictures)
             in_history = sum(1 for turn, _ in (history or ()) for _ in locate_img_pos(tokenizer.encode(turn)))
-            pictures = [decode_image_path(batch[i, a + 1 : b]) if k % (len(img_pos) // len(questions)) < in_history
-                        else next(own) for k, (i, a, b) in enumerate(img_pos.tolist())]
+            pictures = [
+                decode_image_path(batch[i, a + 1 : b])
+                if k % (len(img_pos) // len(questions)) < in_history
+                else next(own)
+                for k, (i, a, b) in enumerate(img_pos.tolist())
+            ]
             with torch.inference_mode():
                 input_vit = vision.encode(pictures)  # [N, 256, H]
         batch, flat, _, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)
         table = flat.view(len(questions), rows, -1).to(to_torch_dtype(runner.dtype))  # [B, rows, H]
     requests = [batch[r, : len(ids)] for r, ids in enumerate(prompts)]
-    out = runner.generate(requests, prompt_table=table, max_new_tokens=max_new_tokens, end_id=IM_END_ID,
-                          pad_id=IM_END_ID, return_dict=True, **sampling)
+    out = runner.generate(
+        requests,
+        prompt_table=table,
+        max_new_tokens=max_new_tokens,
+        end_id=IM_END_ID,
+        pad_id=IM_END_ID,
+        return_dict=True,
+        **sampling,
+    )
     if out is None:  # a tensor-parallel rank other than 0: TensorRT-LLM gives the outputs to rank 0 only
         return [None] * len(questions)
-    return [answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])].tolist())
-            for r, ids in enumerate(prompts)]
+    return [
+        answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])].tolist())
+        for r, ids in enumerate(prompts)
+    ]
 
 
-def ask(runner, vision, tokenizer: QWenTokenizer, pictures, question: str, history=None, system: str = SYSTEM,
-        max_new_tokens: int = 64, **sampling) -> tuple[str, list]:
+def ask(
+    runner,
+    vision,
+    tokenizer: QWenTokenizer,
+    pictures,
+    question: str,
+    history=None,
+    system: str = SYSTEM,
+    max_new_tokens: int = 64,
+    **sampling,
+) -> tuple[str, list]:
     """Answer `question` about `pictures` (paths or images, may be empty) after `history`: (answer, new history)."""
     pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
     history = [] if history is None else list(history)
     query, _ = make_prompt(tokenizer, question, pictures, history, system)
-    [answer] = ask_batch(runner, vision, tokenizer, [(pictures, question)], history, system,
-                         max_new_tokens=max_new_tokens, **sampling)
+    [answer] = ask_batch(
+        runner, vision, tokenizer, [(pictures, question)], history, system, max_new_tokens=max_new_tokens, **sampling
+    )
     return answer, history + [(query, answer)]
 
 
@@ -104,10 +144,22 @@ class ModelAsRunner:
         self.model = model
         self.vocab_size, self.dtype, self.max_seq_len = model.config.vocab_size, model.dtype, model.config.seq_length
 
-    def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
-                 end_id: int = IM_END_ID, pad_id: int = IM_END_ID, num_beams: int = 1, temperature: float = 1.0,
-                 top_k: int = 1, top_p: float = 0.0, random_seed=None, return_dict: bool = False,
-                 task_vocab_size=None):
+    def generate(
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens: int = 64,
+        end_id: int = IM_END_ID,
+        pad_id: int = IM_END_ID,
+        num_beams: int = 1,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float = 0.0,
+        random_seed=None,
+        return_dict: bool = False,
+        task_vocab_size=None,
+    ):
         """output_ids [B, 1 or beams, max input + max_new_tokens] in the engines' layout (ids, new tokens, pad_id)."""
         greedy = check_sampling(temperature, top_k, top_p, random_seed=random_seed)
         ids = as_id_list(batch_input_ids)
@@ -116,24 +168,45 @@ class ModelAsRunner:
         input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
         mask = torch.zeros(len(ids), width, dtype=torch.long)
         for i, seq in enumerate(ids):
-            input_ids[i, width - len(seq):], mask[i, width - len(seq):] = seq, 1  # left padding
+            input_ids[i, width - len(seq) :], mask[i, width - len(seq) :] = seq, 1  # left padding
         table = {}
         if prompt_table is not None:
-            rows = prompt_table.shape[1] if prompt_table.dim() == 3 else (
-                prompt_table.shape[0] if task_vocab_size is None else int(torch.as_tensor(task_vocab_size).reshape(-1)[0]))
+            rows = (
+                prompt_table.shape[1]
+                if prompt_table.dim() == 3
+                else (
+                    prompt_table.shape[0]
+                    if task_vocab_size is None
+                    else int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+                )
+            )
             tables = prompt_table.shape[0] if prompt_table.dim() == 3 else -(-prompt_table.shape[0] // rows)
             default = list(range(len(ids))) if prompt_table.dim() == 3 and tables > 1 else [0] * len(ids)
             tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), tables)
-            table = dict(prompt_table=prompt_table.reshape(-1, prompt_table.shape[-1]).to(device, self.dtype),
-                         tasks=torch.tensor(tasks, dtype=torch.int32, device=device), task_vocab_size=rows)
-        knobs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=top_k,
-                                                          top_p=top_p if top_p > 0 else 1.0)
+            table = dict(
+                prompt_table=prompt_table.reshape(-1, prompt_table.shape[-1]).to(device, self.dtype),
+                tasks=torch.tensor(tasks, dtype=torch.int32, device=device),
+                task_vocab_size=rows,
+            )
+        knobs = (
+            dict(do_sample=False)
+            if greedy
+            else dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p if top_p > 0 else 1.0)
+        )
         if random_seed is not None:
             torch.manual_seed(random_seed)
         with torch.inference_mode():
-            out = self.model.generate(input_ids.to(device), attention_mask=mask.to(device), **table, **knobs,
-                                      max_new_tokens=max_new_tokens, num_beams=num_beams, num_return_sequences=num_beams,
-                                      eos_token_id=end_id if end_id >= 0 else None, pad_token_id=pad_id)
+            out = self.model.generate(
+                input_ids.to(device),
+                attention_mask=mask.to(device),
+                **table,
+                **knobs,
+                max_new_tokens=max_new_tokens,
+                num_beams=num_beams,
+                num_return_sequences=num_beams,
+                eos_token_id=end_id if end_id >= 0 else None,
+                pad_token_id=pad_id,
+            )
         new = out[:, width:].reshape(len(ids), num_beams, -1).cpu()  # [B, beams, ≤ new]
         output_ids = torch.full((len(ids), num_beams, width + max_new_tokens), pad_id, dtype=torch.int32)
         lengths = torch.zeros(len(ids), num_beams, dtype=torch.int32)
@@ -174,8 +247,14 @@ class GenerationSettings:
         config = read_json(file, "give a Qwen-VL checkpoint or engine directory, or build GenerationSettings(...)")
         fix = "repair generation_config.json or pass the value as an override"
         known = {}
-        for key, kind in (("max_new_tokens", "int"), ("top_k", "count"), ("temperature", "positive"),
-                          ("repetition_penalty", "positive"), ("max_window_size", "int"), ("do_sample", "bool")):
+        for key, kind in (
+            ("max_new_tokens", "int"),
+            ("top_k", "count"),
+            ("temperature", "positive"),
+            ("repetition_penalty", "positive"),
+            ("max_window_size", "int"),
+            ("do_sample", "bool"),
+        ):
             if key in config:
                 known[key] = field(config, key, kind, file, fix)
         if "top_p" in config:
@@ -186,8 +265,9 @@ class GenerationSettings:
         """The runner's knobs: greedy is top_k 1."""
         if not self.do_sample:
             return dict(top_k=1, repetition_penalty=self.repetition_penalty)
-        return dict(top_k=self.top_k, top_p=self.top_p, temperature=self.temperature,
-                    repetition_penalty=self.repetition_penalty)
+        return dict(
+            top_k=self.top_k, top_p=self.top_p, temperature=self.temperature, repetition_penalty=self.repetition_penalty
+        )
 
 
 class TextStream:
@@ -215,8 +295,14 @@ class Conversation:
     """A multi-turn chat about pictures on one runner: the history is kept (within max_window_size, as make_context
     does), each picture's input_vit is computed once and reused in later turns, answers can stream."""
 
-    def __init__(self, runner, vision, tokenizer: QWenTokenizer, system: str = SYSTEM,
-                 settings: GenerationSettings = GenerationSettings()):
+    def __init__(
+        self,
+        runner,
+        vision,
+        tokenizer: QWenTokenizer,
+        system: str = SYSTEM,
+        settings: GenerationSettings = GenerationSettings(),
+    ):
         self.runner, self.vision, self.tokenizer = runner, vision, tokenizer
         self.system, self.settings = system, settings
         self.history: list = []  # (query, answer) of each turn
@@ -237,8 +323,9 @@ class Conversation:
         settings = replace(self.settings, **overrides)
         pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
         names = [picture_name(p, len(self.pictures) + k + 1) for k, p in enumerate(pictures)]
-        query, ids = make_prompt(self.tokenizer, question, pictures, self.history, self.system,
-                                 settings.max_window_size, names)
+        query, ids = make_prompt(
+            self.tokenizer, question, pictures, self.history, self.system, settings.max_window_size, names
+        )
         ids = torch.tensor(ids)[None]  # [1, L]
         table = self._table(ids, dict(zip(names, pictures)))
         if table is not None:
@@ -246,11 +333,21 @@ class Conversation:
         self.pictures += pictures
         room = self.runner.max_seq_len - ids.shape[1]
         if room < 1:
-            raise ValueError(f"the conversation fills the engine's max_seq_len {self.runner.max_seq_len} ({ids.shape[1]} "
-                             "ids): clear() it, lower max_window_size, or rebuild the engine with a larger max_seq_len")
-        steps = self.runner.generate([ids[0]], prompt_table=table, max_new_tokens=min(settings.max_new_tokens, room),
-                                     end_id=IM_END_ID, pad_id=IM_END_ID, stop_words_list=[[(IM_START_ID,)]],
-                                     streaming=True, return_dict=True, **settings.sampling())
+            raise ValueError(
+                f"the conversation fills the engine's max_seq_len {self.runner.max_seq_len} ({ids.shape[1]} "
+                "ids): clear() it, lower max_window_size, or rebuild the engine with a larger max_seq_len"
+            )
+        steps = self.runner.generate(
+            [ids[0]],
+            prompt_table=table,
+            max_new_tokens=min(settings.max_new_tokens, room),
+            end_id=IM_END_ID,
+            pad_id=IM_END_ID,
+            stop_words_list=[[(IM_START_ID,)]],
+            streaming=True,
+            return_dict=True,
+            **settings.sampling(),
+        )
         text, total, shown, seen = TextStream(self.tokenizer), "", 0, ids.shape[1]
         try:
             for out in steps:

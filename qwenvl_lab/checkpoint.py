@@ -18,10 +18,17 @@ INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 
 TINY_CONFIG = dict(
-    vocab_size=151936, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, kv_channels=64,
-    intermediate_size=512, seq_length=2048, max_position_embeddings=8192,
-    visual=dict(heads=2, image_size=56, image_start_id=151857, layers=2, mlp_ratio=2.0, output_dim=128,
-                patch_size=14, width=64),
+    vocab_size=151936,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    kv_channels=64,
+    intermediate_size=512,
+    seq_length=2048,
+    max_position_embeddings=8192,
+    visual=dict(
+        heads=2, image_size=56, image_start_id=151857, layers=2, mlp_ratio=2.0, output_dim=128, patch_size=14, width=64
+    ),
 )
 
 
@@ -31,19 +38,25 @@ def _shard_path(checkpoint_dir: Path, name, source: str) -> Path:
     A Hugging Face cache snapshot (`…/snapshots/<revision>/`) may link its files into the repository's `blobs/`.
     """
     if not isinstance(name, str) or not name or "\0" in name:
-        raise CheckpointError(f"{source} names the weight file {name!r}, which is not a file name; "
-                              "re-download the checkpoint or repair the file")
+        raise CheckpointError(
+            f"{source} names the weight file {name!r}, which is not a file name; "
+            "re-download the checkpoint or repair the file"
+        )
     if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
-        raise CheckpointError(f"{source} names the weight file {name!r}, outside the checkpoint directory "
-                              f"{checkpoint_dir}; weight files must lie inside it: re-download the checkpoint")
+        raise CheckpointError(
+            f"{source} names the weight file {name!r}, outside the checkpoint directory "
+            f"{checkpoint_dir}; weight files must lie inside it: re-download the checkpoint"
+        )
     try:
         root, target = checkpoint_dir.resolve(), (checkpoint_dir / name).resolve()
     except (OSError, RuntimeError) as err:  # a symlink loop, a name too long
         raise CheckpointError(f"{source} names the weight file {name!r}, which cannot be resolved ({err})") from None
     hf_blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
     if not target.is_relative_to(root) and target.parent != hf_blobs:
-        raise CheckpointError(f"{source} names the weight file {name!r}, a link to {target} outside the checkpoint "
-                              f"directory {checkpoint_dir}; weight files must lie inside it: copy them in")
+        raise CheckpointError(
+            f"{source} names the weight file {name!r}, a link to {target} outside the checkpoint "
+            f"directory {checkpoint_dir}; weight files must lie inside it: copy them in"
+        )
     return checkpoint_dir / name
 
 
@@ -55,8 +68,9 @@ def weight_files(checkpoint_dir: Path) -> list[Path]:
             index = read_json(index_file, REPAIR)
             weight_map = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{index_file} has no weight_map (weight name → shard file); "
-                                      "re-download the file or repair it")
+                raise CheckpointError(
+                    f"{index_file} has no weight_map (weight name → shard file); re-download the file or repair it"
+                )
             files = [_shard_path(checkpoint_dir, f, str(index_file)) for f in dict.fromkeys(weight_map.values())]
             missing = [str(f.relative_to(checkpoint_dir)) for f in files if not f.is_file()]
             if missing:
@@ -79,13 +93,18 @@ def _shard_tensors(path: Path, keep=None):
             return
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
-        raise CheckpointError(f"{path} cannot be read as a weight file ({err}); it is truncated or damaged: "
-                              "re-download it") from None
-    bad = next((k for k, v in state.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))), None) \
-        if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"{path} cannot be read as a weight file ({err}); it is truncated or damaged: re-download it"
+        ) from None
+    bad = (
+        next((k for k, v in state.items() if not (isinstance(k, str) and isinstance(v, torch.Tensor))), None)
+        if isinstance(state, dict)
+        else type(state).__name__
+    )
     if bad is not None:
-        raise CheckpointError(f"{path} is not a state dict of named tensors ({bad!r} is not a weight name with a "
-                              "tensor); re-download it")
+        raise CheckpointError(
+            f"{path} is not a state dict of named tensors ({bad!r} is not a weight name with a tensor); re-download it"
+        )
     yield from ((key, value) for key, value in state.items() if keep is None or keep(key))
 
 
@@ -98,8 +117,10 @@ def iter_weights(checkpoint_dir, keep=None):
         for key, tensor in _shard_tensors(path, keep):
             bad = first_non_finite(tensor) if tensor.is_floating_point() else None
             if bad is not None:
-                raise CheckpointError(f"weight {key} in {path} holds {float(tensor[bad])} at index {list(bad)}; the file "
-                                      "is damaged or the checkpoint diverged in training: re-download it")
+                raise CheckpointError(
+                    f"weight {key} in {path} holds {float(tensor[bad])} at index {list(bad)}; the file "
+                    "is damaged or the checkpoint diverged in training: re-download it"
+                )
             yield key, tensor
 
 
@@ -123,7 +144,7 @@ def vision_tower_from(visual_config: dict, state: dict, dtype=None) -> VisionTra
 def load_visual_tower(checkpoint_dir, dtype=torch.float32) -> VisionTransformer:
     """`transformer.visual` of a Qwen-VL checkpoint alone (config.json `visual` + its weights), in eval mode."""
     visual, prefix = load_config(checkpoint_dir).visual, "transformer.visual."
-    state = {k[len(prefix):]: v for k, v in iter_weights(checkpoint_dir, lambda key: key.startswith(prefix))}
+    state = {k[len(prefix) :]: v for k, v in iter_weights(checkpoint_dir, lambda key: key.startswith(prefix))}
     return vision_tower_from(visual, state, dtype)
 
 
@@ -132,7 +153,9 @@ def load_config(checkpoint_dir) -> QWenVLConfig:
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
         if checkpoint_dir.exists():
-            raise NotADirectoryError(f"{str(checkpoint_dir)!r} is a file; point at the checkpoint directory that holds it")
+            raise NotADirectoryError(
+                f"{str(checkpoint_dir)!r} is a file; point at the checkpoint directory that holds it"
+            )
         raise FileNotFoundError(f"checkpoint directory not found: {str(checkpoint_dir)!r}")
     config_file = checkpoint_dir / "config.json"
     if not config_file.is_file():
@@ -141,8 +164,10 @@ def load_config(checkpoint_dir) -> QWenVLConfig:
     try:
         return QWenVLConfig.from_dict(fields)
     except TypeError as err:
-        raise CheckpointError(f"{config_file} has a value of the wrong type: {err}; repair the file "
-                              "(Qwen-VL-Chat's config.json has the types of QWenVLConfig())") from None
+        raise CheckpointError(
+            f"{config_file} has a value of the wrong type: {err}; repair the file "
+            "(Qwen-VL-Chat's config.json has the types of QWenVLConfig())"
+        ) from None
     except Exception as err:  # transformers' own fields raise their own errors: the file's content is at fault
         raise CheckpointError(f"{config_file} has a value a Qwen-VL model cannot use: {err}; repair the file") from None
 
@@ -151,11 +176,16 @@ def check_state_dict(state: dict, expected: dict) -> None:
     """Raise a CheckpointError naming every missing, unexpected or mis-shaped key."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    misshaped = [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(state[k].shape)}"
-                 for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
-    problems = ([f"missing keys: {missing[:8]}{' …' if len(missing) > 8 else ''}"] if missing else []) + \
-        ([f"unexpected keys: {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}"] if unexpected else []) + \
-        ([f"mis-shaped: {misshaped[:8]}"] if misshaped else [])
+    misshaped = [
+        f"{k}: expected {tuple(expected[k].shape)}, found {tuple(state[k].shape)}"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    problems = (
+        ([f"missing keys: {missing[:8]}{' …' if len(missing) > 8 else ''}"] if missing else [])
+        + ([f"unexpected keys: {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}"] if unexpected else [])
+        + ([f"mis-shaped: {misshaped[:8]}"] if misshaped else [])
+    )
     if problems:
         raise CheckpointError("checkpoint does not match its config.json — " + "; ".join(problems))
 
@@ -165,7 +195,9 @@ def load_checkpoint(checkpoint_dir, dtype=None, device="cpu") -> QWenLMHeadModel
     config = load_config(checkpoint_dir)
     generation_config = Path(checkpoint_dir) / "generation_config.json"
     if generation_config.is_file():
-        read_json(generation_config, REPAIR)  # a damaged copy is named here, before transformers or a chat loop reads it
+        read_json(
+            generation_config, REPAIR
+        )  # a damaged copy is named here, before transformers or a chat loop reads it
     with torch.device("meta"):
         model = QWenLMHeadModel(config)
     state = read_state_dict(checkpoint_dir)
@@ -180,9 +212,22 @@ def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB") 
     """Write config.json, generation_config.json and sharded safetensors with Qwen-VL's key names."""
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir, max_shard_size=max_shard_size)
-    (output_dir / "generation_config.json").write_text(json.dumps(dict(
-        chat_format="chatml", eos_token_id=151643, pad_token_id=151643, max_window_size=6144, max_new_tokens=512,
-        do_sample=True, top_k=0, top_p=0.3), indent=2) + "\n")
+    (output_dir / "generation_config.json").write_text(
+        json.dumps(
+            dict(
+                chat_format="chatml",
+                eos_token_id=151643,
+                pad_token_id=151643,
+                max_window_size=6144,
+                max_new_tokens=512,
+                do_sample=True,
+                top_k=0,
+                top_p=0.3,
+            ),
+            indent=2,
+        )
+        + "\n"
+    )
     return output_dir
 
 

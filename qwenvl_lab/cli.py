@@ -51,8 +51,14 @@ def ask_main(argv=None) -> int:
 
         checkpoint = args.checkpoint or default_checkpoint_dir()
         model = load_course_model(checkpoint, device=args.device)
-        answer, _ = chat.ask(chat.ModelAsRunner(model), model.transformer.visual, load_tokenizer(checkpoint), args.image,
-                             args.question, max_new_tokens=args.max_new_tokens)
+        answer, _ = chat.ask(
+            chat.ModelAsRunner(model),
+            model.transformer.visual,
+            load_tokenizer(checkpoint),
+            args.image,
+            args.question,
+            max_new_tokens=args.max_new_tokens,
+        )
     print(answer)
     return 0
 
@@ -66,12 +72,19 @@ CHAT_HELP = """Type a question and press Enter; the answer streams in. Commands:
 def chat_main(argv=None, read=input, write=print) -> int:
     """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
     and saved as a PNG file."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab chat", description=chat_main.__doc__,
-                                     epilog=CHAT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="qwenvl-lab chat",
+        description=chat_main.__doc__,
+        epilog=CHAT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--sample", action="store_true",
-                        help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
     args = parser.parse_args(argv)
@@ -82,8 +95,9 @@ def chat_main(argv=None, read=input, write=print) -> int:
     from .widgets import boxes_picture
 
     infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)
-    settings = GenerationSettings.from_dir(infer.runner.engine_dir, do_sample=args.sample,
-                                           max_new_tokens=args.max_new_tokens)
+    settings = GenerationSettings.from_dir(
+        infer.runner.engine_dir, do_sample=args.sample, max_new_tokens=args.max_new_tokens
+    )
     talk = Conversation(infer.runner, infer.vision, infer.tokenizer, settings=settings)
     boxes_dir = args.boxes or output_dir() / "chat"
     pictures, turn = [], 0
@@ -100,7 +114,7 @@ def chat_main(argv=None, read=input, write=print) -> int:
             pictures = []
             write("(conversation cleared)")
         elif line.startswith("/image"):
-            path = Path(line[len("/image"):].strip())
+            path = Path(line[len("/image") :].strip())
             if path.is_file():
                 pictures.append(path)
                 write(f"(picture {path} attached to your next question)")
@@ -130,8 +144,12 @@ def build_main(argv=None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=4)
     parser.add_argument("--max-input-len", type=int, default=640)
     parser.add_argument("--max-seq-len", type=int, default=704)
-    parser.add_argument("--images-per-request", type=int, default=2,
-                        help="sets --max_prompt_embedding_table_size = 256 × this × max batch size (0: text only)")
+    parser.add_argument(
+        "--images-per-request",
+        type=int,
+        default=2,
+        help="sets --max_prompt_embedding_table_size = 256 × this × max batch size (0: text only)",
+    )
     parser.add_argument("--max-beam-width", type=int, default=1)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     parser.add_argument("--overwrite", action="store_true", help="replace an engine built earlier in --engine")
@@ -140,10 +158,17 @@ def build_main(argv=None) -> int:
     from .tokenizing import IMG_TOKEN_SPAN
     from .toy import default_checkpoint_dir
 
-    config = BuildConfig(max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
-                         max_seq_len=args.max_seq_len, max_beam_width=args.max_beam_width, dtype=args.dtype,
-                         max_prompt_embedding_table_size=IMG_TOKEN_SPAN * args.images_per_request * args.max_batch_size)
-    engine_dir = build_engine(args.checkpoint or default_checkpoint_dir(), args.engine, config, overwrite=args.overwrite)
+    config = BuildConfig(
+        max_batch_size=args.max_batch_size,
+        max_input_len=args.max_input_len,
+        max_seq_len=args.max_seq_len,
+        max_beam_width=args.max_beam_width,
+        dtype=args.dtype,
+        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * args.images_per_request * args.max_batch_size,
+    )
+    engine_dir = build_engine(
+        args.checkpoint or default_checkpoint_dir(), args.engine, config, overwrite=args.overwrite
+    )
     print(f"engine written to {engine_dir}")
     return 0
 

@@ -41,9 +41,19 @@ def pipeline_steps(config, images: int = 1, prompt_len: int = 300) -> list[Step]
     ]
 
 
-ARROWS = [("picture", "vit"), ("vit", "resampler"), ("resampler", "input_vit"), ("input_vit", "prompt_table"),
-          ("question", "ids"), ("ids", "img_pos"), ("img_pos", "fake_ids"), ("fake_ids", "lookup"),
-          ("prompt_table", "lookup"), ("lookup", "lm"), ("lm", "answer")]
+ARROWS = [
+    ("picture", "vit"),
+    ("vit", "resampler"),
+    ("resampler", "input_vit"),
+    ("input_vit", "prompt_table"),
+    ("question", "ids"),
+    ("ids", "img_pos"),
+    ("img_pos", "fake_ids"),
+    ("fake_ids", "lookup"),
+    ("prompt_table", "lookup"),
+    ("lookup", "lm"),
+    ("lm", "answer"),
+]
 
 
 def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt_len: int = 300):
@@ -54,19 +64,37 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
 
     steps = {s.name: s for s in pipeline_steps(config, images, prompt_len)}
     if here is not None and here not in {s.notebook for s in steps.values()}:
-        raise ValueError(f"notebook {here!r} is not on the map; notebooks {sorted({s.notebook for s in steps.values()})}")
+        raise ValueError(
+            f"notebook {here!r} is not on the map; notebooks {sorted({s.notebook for s in steps.values()})}"
+        )
     width, height = (9.0, 1.9) if small else (13.0, 3.6)
     fig, ax = plt.subplots(figsize=(width, height))
     box_w, box_h = 0.84, 0.62
     for s in steps.values():
         color = HERE_COLOR if s.notebook == here else BOX_COLOR
-        ax.add_patch(FancyBboxPatch((s.x - box_w / 2, s.y - box_h / 2), box_w, box_h, boxstyle="round,pad=0.02",
-                                    facecolor=color, edgecolor=EDGE_COLOR, linewidth=1.5 if s.notebook == here else 0.8))
+        ax.add_patch(
+            FancyBboxPatch(
+                (s.x - box_w / 2, s.y - box_h / 2),
+                box_w,
+                box_h,
+                boxstyle="round,pad=0.02",
+                facecolor=color,
+                edgecolor=EDGE_COLOR,
+                linewidth=1.5 if s.notebook == here else 0.8,
+            )
+        )
         ax.text(s.x, s.y + 0.1, s.label, ha="center", va="center", fontsize=8 if small else 10, weight="bold")
         if not small:
             ax.text(s.x, s.y - 0.12, s.shape, ha="center", va="center", fontsize=8, family="monospace")
-        ax.text(s.x + box_w / 2 - 0.04, s.y + box_h / 2 - 0.08, s.notebook, ha="right", va="center", fontsize=7,
-                color="#6c757d")
+        ax.text(
+            s.x + box_w / 2 - 0.04,
+            s.y + box_h / 2 - 0.08,
+            s.notebook,
+            ha="right",
+            va="center",
+            fontsize=7,
+            color="#6c757d",
+        )
     for start, end in ARROWS:
         a, b = steps[start], steps[end]
         tail = (a.x + box_w / 2, a.y) if a.y == b.y else (a.x, a.y - box_h / 2)

@@ -21,8 +21,10 @@ COURSE_DISK_GIB = 1.0  # the notebooks' engines and checkpoints in the output fo
 SPARE_DISK_GIB = 3.0
 SPARE_MEMORY_GIB = 2.0
 INSTALL_COURSE = 'make setup (or: python -m pip install -e ".[course]")'
-TORCH_INSTALL = ("make setup (or: python -m pip install torch==2.13.0, adding --index-url "
-                 "https://download.pytorch.org/whl/cpu on Linux for the CPU build)")
+TORCH_INSTALL = (
+    "make setup (or: python -m pip install torch==2.13.0, adding --index-url "
+    "https://download.pytorch.org/whl/cpu on Linux for the CPU build)"
+)
 TOY_RESTORE = "`git checkout -- data/toy-qwen-vl` restores the shipped toy model in a clone (else reinstall qwenvl_lab)"
 WIDGETS_EXTENSION = "@jupyter-widgets/jupyterlab-manager"
 SAMPLE_PICTURE = "red_circle.png"  # a sample picture the toy model describes exactly (data/images/README.md)
@@ -48,12 +50,20 @@ def check_python(version_info=sys.version_info) -> Check:
     version = ".".join(map(str, version_info[:3]))
     supported = f"{low[0]}.{low[1]}–{high[0]}.{high[1]}"
     if found < low:
-        return Check("python", FAIL, f"Python {version} is older than the course needs ({supported})",
-                     f"install Python {high[0]}.{high[1]}, delete .venv, then: make lab PYTHON=python{high[0]}.{high[1]}")
+        return Check(
+            "python",
+            FAIL,
+            f"Python {version} is older than the course needs ({supported})",
+            f"install Python {high[0]}.{high[1]}, delete .venv, then: make lab PYTHON=python{high[0]}.{high[1]}",
+        )
     if found > high:
-        return Check("python", WARN, f"Python {version} is newer than the tested {supported}",
-                     f"if an install fails, install Python {high[0]}.{high[1]}, delete .venv, then: make lab "
-                     f"PYTHON=python{high[0]}.{high[1]}")
+        return Check(
+            "python",
+            WARN,
+            f"Python {version} is newer than the tested {supported}",
+            f"if an install fails, install Python {high[0]}.{high[1]}, delete .venv, then: make lab "
+            f"PYTHON=python{high[0]}.{high[1]}",
+        )
     return Check("python", OK, f"{version} ({sys.executable})")
 
 
@@ -64,8 +74,9 @@ def check_torch() -> Check:
     except ImportError as err:
         return Check("torch", FAIL, f"torch cannot be imported ({err})", TORCH_INSTALL)
     if torch.__version__ < TORCH_MIN:  # a TorchVersion compares with tuples
-        return Check("torch", FAIL, f"torch {torch.__version__} is older than {'.'.join(map(str, TORCH_MIN))}",
-                     TORCH_INSTALL)
+        return Check(
+            "torch", FAIL, f"torch {torch.__version__} is older than {'.'.join(map(str, TORCH_MIN))}", TORCH_INSTALL
+        )
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
     return Check("torch", OK, f"{torch.__version__} ({build})")
 
@@ -79,11 +90,19 @@ def check_gpu() -> Check:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         count = torch.cuda.device_count()
-        return Check("gpu", OK, f"{props.name} ({_gib(props.total_memory)}, compute {props.major}.{props.minor})"
-                     + (f" and {count - 1} more" if count > 1 else ""))
+        return Check(
+            "gpu",
+            OK,
+            f"{props.name} ({_gib(props.total_memory)}, compute {props.major}.{props.minor})"
+            + (f" and {count - 1} more" if count > 1 else ""),
+        )
     if Path("/proc/driver/nvidia/version").exists() and not torch.version.cuda:
-        return Check("gpu", WARN, "an NVIDIA driver is present but torch is a CPU build: the GPU parts are skipped",
-                     "for the GPU parts install a CUDA build of torch (https://pytorch.org/get-started/locally/)")
+        return Check(
+            "gpu",
+            WARN,
+            "an NVIDIA driver is present but torch is a CPU build: the GPU parts are skipped",
+            "for the GPU parts install a CUDA build of torch (https://pytorch.org/get-started/locally/)",
+        )
     return Check("gpu", OK, "none: the course runs on the CPU (the GPU parts are skipped)")
 
 
@@ -115,19 +134,27 @@ def check_model() -> Check:
     try:
         if checkpoint != TOY_DIR:
             config = load_config(checkpoint)
-            return Check("model", OK, f"{checkpoint} (from ${CHECKPOINT_ENV}): {config.num_hidden_layers} layers, "
-                         f"hidden size {config.hidden_size}; not loaded here")
+            return Check(
+                "model",
+                OK,
+                f"{checkpoint} (from ${CHECKPOINT_ENV}): {config.num_hidden_layers} layers, "
+                f"hidden size {config.hidden_size}; not loaded here",
+            )
         model = load_toy_model()
         config = model.config
-        answer = ask(model, load_tokenizer(), [[resources.images_dir() / SAMPLE_PICTURE]], [question("what")],
-                     max_new_tokens=8)[0]
+        answer = ask(
+            model, load_tokenizer(), [[resources.images_dir() / SAMPLE_PICTURE]], [question("what")], max_new_tokens=8
+        )[0]
     except (FileNotFoundError, ValueError) as err:
-        fix = (f"unset {CHECKPOINT_ENV} or point it at a Qwen-VL-Chat directory" if checkpoint != TOY_DIR
-               else TOY_RESTORE)
+        fix = (
+            f"unset {CHECKPOINT_ENV} or point it at a Qwen-VL-Chat directory" if checkpoint != TOY_DIR else TOY_RESTORE
+        )
         return Check("model", FAIL, f"{checkpoint}: {err}", fix)
     size = sum(p.numel() for p in model.parameters()) / 1e6
-    detail = (f"toy Qwen-VL at {checkpoint}: {config.num_hidden_layers} layers, hidden size {config.hidden_size}, "
-              f"vocab {config.vocab_size}, {size:.1f}M parameters; {SAMPLE_PICTURE} → {answer!r}")
+    detail = (
+        f"toy Qwen-VL at {checkpoint}: {config.num_hidden_layers} layers, hidden size {config.hidden_size}, "
+        f"vocab {config.vocab_size}, {size:.1f}M parameters; {SAMPLE_PICTURE} → {answer!r}"
+    )
     expected = describe(SAMPLES[SAMPLE_PICTURE])
     if answer != expected:
         return Check("model", FAIL, f"{detail} (expected {expected!r})", TOY_RESTORE)
@@ -150,8 +177,9 @@ def check_widgets() -> Check:
     try:
         version = metadata.version("ipywidgets")
     except metadata.PackageNotFoundError:
-        return Check("ipywidgets", WARN, "ipywidgets is not installed: the interactive parts are skipped",
-                     INSTALL_COURSE)
+        return Check(
+            "ipywidgets", WARN, "ipywidgets is not installed: the interactive parts are skipped", INSTALL_COURSE
+        )
     try:
         from jupyter_core.paths import jupyter_path
     except ImportError:
@@ -164,8 +192,12 @@ def check_widgets() -> Check:
             except (OSError, ValueError):
                 extension = "unreadable package.json"
             return Check("ipywidgets", OK, f"{version}, JupyterLab extension {extension}")
-    return Check("ipywidgets", WARN, f"ipywidgets {version}, but its JupyterLab extension ({WIDGETS_EXTENSION}) is "
-                 "missing: widgets show as text", 'python -m pip install "jupyterlab_widgets>=3"')
+    return Check(
+        "ipywidgets",
+        WARN,
+        f"ipywidgets {version}, but its JupyterLab extension ({WIDGETS_EXTENSION}) is missing: widgets show as text",
+        'python -m pip install "jupyterlab_widgets>=3"',
+    )
 
 
 def check_disk() -> Check:
@@ -207,8 +239,18 @@ def check_tensorrt() -> Check:
     return Check("tensorrt", OK, "not installed (optional: NVIDIA GPU machines, docs/tensorrt.md and `make trtllm`)")
 
 
-CHECKS = (check_python, check_torch, check_gpu, check_vocabulary, check_model, check_jupyterlab, check_widgets,
-          check_disk, check_memory, check_tensorrt)
+CHECKS = (
+    check_python,
+    check_torch,
+    check_gpu,
+    check_vocabulary,
+    check_model,
+    check_jupyterlab,
+    check_widgets,
+    check_disk,
+    check_memory,
+    check_tensorrt,
+)
 
 
 def run_checks(checks=None) -> list[Check]:
@@ -219,8 +261,14 @@ def run_checks(checks=None) -> list[Check]:
             results.append(check())
         except Exception as err:  # a broken check must not hide the others
             name = check.__name__.removeprefix("check_")
-            results.append(Check(name, FAIL, f"the check itself failed: {type(err).__name__}: {err}",
-                                 "report this output to the course's maintainers"))
+            results.append(
+                Check(
+                    name,
+                    FAIL,
+                    f"the check itself failed: {type(err).__name__}: {err}",
+                    "report this output to the course's maintainers",
+                )
+            )
     return results
 
 

@@ -19,8 +19,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .bench import (PeakMemory, engine_generate, make_requests, measure, memory_in_use, picture_features,
-                    release_memory, timed_runs)
+from .bench import (
+    PeakMemory,
+    engine_generate,
+    make_requests,
+    measure,
+    memory_in_use,
+    picture_features,
+    release_memory,
+    timed_runs,
+)
 from .chat import ModelAsRunner, answer_text, make_prompt
 from .checkpoint import load_checkpoint, load_config
 from .img_pos import as_batch, locate_img_pos
@@ -69,8 +77,9 @@ def verdict_range(claim: str, low: float, high: float, measured: dict, what: str
     inside = [k for k, v in measured.items() if low <= v <= high]
     values = ", ".join(f"{v:.2f} at {what} {k}" for k, v in measured.items())
     label = "confirmed" if len(inside) == len(measured) else "partly confirmed" if inside else "corrected"
-    where = f"; in {low:g}–{high:g} only at {what} {', '.join(map(str, inside))}" if inside and label != "confirmed" \
-        else ""
+    where = (
+        f"; in {low:g}–{high:g} only at {what} {', '.join(map(str, inside))}" if inside and label != "confirmed" else ""
+    )
     return Verdict(claim, label, f"measured {values}{where}")
 
 
@@ -78,22 +87,31 @@ def verdict_speedup(claim: str, claimed: float, seconds: dict, subject: str) -> 
     """A figure 'subject is `claimed`× faster than the other methods' (no source) against measured seconds per method:
     confirmed when it is at least that much faster than every other; the evidence says which it was slower than."""
     if subject not in seconds or len(seconds) < 2 or any(not s > 0 for s in seconds.values()):
-        raise ValueError(f"seconds must hold positive times for {subject!r} and at least one other method, "
-                         f"got {seconds!r}")
+        raise ValueError(
+            f"seconds must hold positive times for {subject!r} and at least one other method, got {seconds!r}"
+        )
     ratios = {name: s / seconds[subject] for name, s in seconds.items() if name != subject}  # > 1: subject faster
     slower = [name for name, r in ratios.items() if r < 1]
     times = ", ".join(f"{name} {s * 1e6:.0f} µs" for name, s in seconds.items())
-    plain = (f"; the {subject} measured slower than {' and '.join(slower)}" if slower else
-             f"; the {subject} was {min(ratios.values()):.1f}× as fast as the fastest other")
+    plain = (
+        f"; the {subject} measured slower than {' and '.join(slower)}"
+        if slower
+        else f"; the {subject} was {min(ratios.values()):.1f}× as fast as the fastest other"
+    )
     return verdict(claim, min(ratios.values()) >= claimed, f"{times}{plain}", sourced=False)
 
 
-def verdict_tradeoff(claim: str, saving: float, loss: float, claimed_saving: float, claimed_loss: float,
-                     evidence: str) -> Verdict:
+def verdict_tradeoff(
+    claim: str, saving: float, loss: float, claimed_saving: float, claimed_loss: float, evidence: str
+) -> Verdict:
     """A figure 'saves at least claimed_saving for less than claimed_loss' (no source) against a measured saving and
     loss (fractions; a loss > 0 is worse)."""
-    return verdict(claim, saving >= claimed_saving and loss < claimed_loss,
-                   f"{evidence}: {saving:.0%} saved, accuracy {-loss:+.1%}", sourced=False)
+    return verdict(
+        claim,
+        saving >= claimed_saving and loss < claimed_loss,
+        f"{evidence}: {saving:.0%} saved, accuracy {-loss:+.1%}",
+        sourced=False,
+    )
 
 
 def meta_tower(visual_config: dict) -> VisionTransformer:
@@ -121,8 +139,12 @@ def tower_shapes(tower: VisionTransformer, pixels: torch.Tensor) -> dict:
     finally:
         for hook in hooks:
             hook.remove()
-    return {"pixels": tuple(pixels.shape), "patches": seen["patches"], "ViT output": seen["ViT output"],
-            "input_vit": tuple(out.shape)}
+    return {
+        "pixels": tuple(pixels.shape),
+        "patches": seen["patches"],
+        "ViT output": seen["ViT output"],
+        "input_vit": tuple(out.shape),
+    }
 
 
 def injection_times(model, input_ids, input_vit: torch.Tensor, runs: int = 5, length: int = 20) -> tuple[dict, bool]:
@@ -136,8 +158,9 @@ def injection_times(model, input_ids, input_vit: torch.Tensor, runs: int = 5, le
     for i, a, b in locate_img_pos(input_ids).tolist():
         padded[i, a + 1 : b] = IMAGE_PAD_ID
     ways = {
-        "prompt-table lookup": lambda: prompt_tuning_embedding(fake_ids, wte.weight, table, tasks, task_vocab_size,
-                                                               vocab_size),
+        "prompt-table lookup": lambda: prompt_tuning_embedding(
+            fake_ids, wte.weight, table, tasks, task_vocab_size, vocab_size
+        ),
         "overwrite (Qwen-VL)": lambda: overwrite_image_spans(wte(input_ids), locate_img_pos(input_ids), input_vit),
         "masked_scatter": lambda: masked_scatter_images(wte(padded), padded, input_vit),
     }
@@ -157,8 +180,12 @@ def engine_throughput(runner, model, batches=(1, 4), new_tokens: int = 12, repea
     def generate(reqs, rows, n):
         return engine_generate(runner, reqs, rows, n)
 
-    return {b: measure(generate, requests[:b], table[: b * IMG_TOKEN_SPAN], new_tokens, repeats, runner.device,
-                       baseline)["decode_tokens_per_s"] for b in batches}
+    return {
+        b: measure(generate, requests[:b], table[: b * IMG_TOKEN_SPAN], new_tokens, repeats, runner.device, baseline)[
+            "decode_tokens_per_s"
+        ]
+        for b in batches
+    }
 
 
 def pool_2x2(input_vit: torch.Tensor) -> torch.Tensor:
@@ -190,13 +217,21 @@ def answers_with_rows(model, tokenizer, examples, input_vit: torch.Tensor, max_n
     """Greedy answers of `model` to one-picture examples, example k's picture span reading the rows of input_vit[k]
     ([N, rows, H], any number of rows)."""
     if len(examples) != input_vit.shape[0] or any(len(e.images) != 1 for e in examples):
-        raise ValueError(f"give one-picture examples, one per block of input_vit ({input_vit.shape[0]}); got "
-                         f"{len(examples)} examples with {[len(e.images) for e in examples]} pictures")
+        raise ValueError(
+            f"give one-picture examples, one per block of input_vit ({input_vit.shape[0]}); got "
+            f"{len(examples)} examples with {[len(e.images) for e in examples]} pictures"
+        )
     prompts = [span_prompt(tokenizer, e.question, input_vit.shape[1], model.config.vocab_size) for e in examples]
-    out = ModelAsRunner(model).generate([torch.tensor(ids) for ids in prompts], prompt_table=input_vit.to(model.dtype),
-                                        max_new_tokens=max_new_tokens, return_dict=True)
-    return [answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])])
-            for r, ids in enumerate(prompts)]
+    out = ModelAsRunner(model).generate(
+        [torch.tensor(ids) for ids in prompts],
+        prompt_table=input_vit.to(model.dtype),
+        max_new_tokens=max_new_tokens,
+        return_dict=True,
+    )
+    return [
+        answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])])
+        for r, ids in enumerate(prompts)
+    ]
 
 
 def accuracy(answers, examples) -> float:
@@ -214,8 +249,9 @@ def prefill_seconds(model, tokenizer, question: str, input_vit: torch.Tensor, ru
     table = input_vit.reshape(n * rows, hidden).to(model.dtype)
     tasks = torch.arange(n, dtype=torch.int32)
     with torch.inference_mode():
-        return timed_runs(lambda: model(ids, prompt_table=table, tasks=tasks, task_vocab_size=rows, logits_to_keep=1),
-                          runs, 1, CPU)[0]
+        return timed_runs(
+            lambda: model(ids, prompt_table=table, tasks=tasks, task_vocab_size=rows, logits_to_keep=1), runs, 1, CPU
+        )[0]
 
 
 def int8_weights(model) -> tuple:
@@ -240,12 +276,16 @@ def feature_drift(reference: torch.Tensor, other: torch.Tensor) -> dict:
     """How far `other` lies from `reference` (features of the same pictures): the largest and the mean absolute
     difference, and the cosine similarity of the flattened features, in float64."""
     if reference.shape != other.shape:
-        raise ValueError(f"compare features of the same pictures: shapes {tuple(reference.shape)} and "
-                         f"{tuple(other.shape)} differ")
+        raise ValueError(
+            f"compare features of the same pictures: shapes {tuple(reference.shape)} and {tuple(other.shape)} differ"
+        )
     a, b = reference.detach().double().cpu(), other.detach().double().cpu()
     diff = (a - b).abs()
-    return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
-            "cosine": float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))}
+    return {
+        "max_abs": float(diff.max()),
+        "mean_abs": float(diff.mean()),
+        "cosine": float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)),
+    }
 
 
 def loaded_memory(dtype: str, checkpoint) -> dict:
@@ -262,8 +302,14 @@ def loaded_memory(dtype: str, checkpoint) -> dict:
     ids = torch.randint(0, 151643, (4, 300))  # 4 prompts of 300 text ids
     with PeakMemory(CPU, loaded) as peak, torch.inference_mode():
         model(ids, use_cache=True, logits_to_keep=1)
-    return {"dtype": dtype, "before": before, "loaded": loaded, "model": loaded - before, "prefill": peak.peak,
-            "parameters": sum(p.numel() for p in model.parameters())}
+    return {
+        "dtype": dtype,
+        "before": before,
+        "loaded": loaded,
+        "model": loaded - before,
+        "prefill": peak.peak,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def memory_by_dtype(dtypes, checkpoint) -> dict:
@@ -274,8 +320,15 @@ def memory_by_dtype(dtypes, checkpoint) -> dict:
     dtypes = [dtype_name(d) for d in dtypes]
     package_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-    children = [subprocess.Popen([sys.executable, "-m", "qwenvl_lab.factcheck", "memory", d, str(checkpoint)],
-                                 stdout=subprocess.PIPE, env=env, text=True) for d in dtypes]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "qwenvl_lab.factcheck", "memory", d, str(checkpoint)],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for d in dtypes
+    ]
     results = {}
     for dtype, child in zip(dtypes, children):
         out, _ = child.communicate()

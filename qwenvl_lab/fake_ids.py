@@ -15,8 +15,10 @@ def make_fake_prompt_ids(vocab_size: int, num_images: int, tokens_per_image: int
             f"need vocab_size > 0, num_images >= 0, tokens_per_image > 0; got {vocab_size}, {num_images}, {tokens_per_image}"
         )
     if vocab_size + num_images * tokens_per_image - 1 > INT64_MAX:
-        raise ValueError(f"fake prompt ids from {vocab_size} for {num_images} images of {tokens_per_image} ids pass the "
-                         f"largest int64 id {INT64_MAX}")
+        raise ValueError(
+            f"fake prompt ids from {vocab_size} for {num_images} images of {tokens_per_image} ids pass the "
+            f"largest int64 id {INT64_MAX}"
+        )
     return torch.arange(vocab_size, vocab_size + num_images * tokens_per_image).reshape(num_images, tokens_per_image)
 
 
@@ -29,12 +31,16 @@ def replace_image_spans(input_ids, img_pos, fake_prompt_id) -> torch.Tensor:
     if img_pos.dim() == 1 and img_pos.shape[0] == 3:
         img_pos = img_pos[None]  # one image
     if img_pos.dim() != 2 or img_pos.shape[1] != 3:
-        raise ValueError(f"img_pos must be [N, 3] (batch row, <img> index, </img> index), got shape "
-                         f"{tuple(img_pos.shape)}; make it with locate_img_pos")
+        raise ValueError(
+            f"img_pos must be [N, 3] (batch row, <img> index, </img> index), got shape "
+            f"{tuple(img_pos.shape)}; make it with locate_img_pos"
+        )
     fake_prompt_id = as_int_tensor(fake_prompt_id, "fake_prompt_id")
     if fake_prompt_id.dim() != 2:
-        raise ValueError(f"fake_prompt_id must be [N, 256] (one row per image), got shape {tuple(fake_prompt_id.shape)}; "
-                         "make it with make_fake_prompt_ids")
+        raise ValueError(
+            f"fake_prompt_id must be [N, 256] (one row per image), got shape {tuple(fake_prompt_id.shape)}; "
+            "make it with make_fake_prompt_ids"
+        )
     if img_pos.shape[0] != fake_prompt_id.shape[0]:
         raise ValueError(
             f"{img_pos.shape[0]} image spans in img_pos but {fake_prompt_id.shape[0]} rows of fake_prompt_id; "
@@ -44,8 +50,10 @@ def replace_image_spans(input_ids, img_pos, fake_prompt_id) -> torch.Tensor:
     previous = {}  # batch row → end of its last span
     for k, (i, a, b) in sorted(enumerate(img_pos.tolist()), key=lambda item: item[1]):
         if not (0 <= i < batch and 0 <= a < b < length):
-            raise ValueError(f"image {k}: img_pos ({i}, {a}, {b}) lies outside input_ids of shape {(batch, length)}; "
-                             "make img_pos with locate_img_pos from these ids")
+            raise ValueError(
+                f"image {k}: img_pos ({i}, {a}, {b}) lies outside input_ids of shape {(batch, length)}; "
+                "make img_pos with locate_img_pos from these ids"
+            )
         if a <= previous.get(i, -1):
             raise ValueError(f"image {k}: span {a}…{b} in row {i} overlaps the span before it; spans must not overlap")
         if b - a - 1 != fake_prompt_id.shape[1]:

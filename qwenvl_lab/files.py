@@ -17,11 +17,13 @@ def read_json(path, fix: str) -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON (not UTF-8 text: {err.reason} at byte {err.start}); "
-                              f"{fix}") from None
+        raise CheckpointError(
+            f"{path} is not valid JSON (not UTF-8 text: {err.reason} at byte {err.start}); {fix}"
+        ) from None
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
-                              f"{fix}") from None
+        raise CheckpointError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); {fix}"
+        ) from None
     except RecursionError:
         raise CheckpointError(f"{path} is not valid JSON (nested too deeply to read); {fix}") from None
     if not isinstance(value, dict):
@@ -36,12 +38,22 @@ def field(config: dict, key: str, kind: str, where, fix: str):
         raise CheckpointError(f"{where} has no {key!r}; {fix}")
     value = config[key]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = {"int": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-          "count": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-          "positive": number and math.isfinite(value) and value > 0,
-          "str": isinstance(value, str), "bool": isinstance(value, bool), "dict": isinstance(value, dict)}[kind]
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        "count": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "positive": number and math.isfinite(value) and value > 0,
+        "str": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "dict": isinstance(value, dict),
+    }[kind]
     if not ok:
-        wanted = {"int": "a positive integer", "count": "an integer >= 0", "positive": "a finite number > 0",
-                  "str": "a string", "bool": "true or false", "dict": "an object"}[kind]
+        wanted = {
+            "int": "a positive integer",
+            "count": "an integer >= 0",
+            "positive": "a finite number > 0",
+            "str": "a string",
+            "bool": "true or false",
+            "dict": "an object",
+        }[kind]
         raise CheckpointError(f"{where}: {key!r} must be {wanted}, found {value!r} ({type(value).__name__}); {fix}")
     return value

@@ -33,8 +33,17 @@ from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
 
-from .tokenizing import (BOX_END_ID, BOX_START_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, REF_END_ID, REF_START_ID,
-                         QWenTokenizer, Query, decode_image_path)
+from .tokenizing import (
+    BOX_END_ID,
+    BOX_START_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    REF_END_ID,
+    REF_START_ID,
+    Query,
+    QWenTokenizer,
+    decode_image_path,
+)
 from .vision import load_image
 
 TAG_IDS = {REF_START_ID: "<ref>", REF_END_ID: "</ref>", BOX_START_ID: "<box>", BOX_END_ID: "</box>"}
@@ -42,8 +51,13 @@ TAGS = frozenset(TAG_IDS.values())
 CLOSING = {"<ref>": "</ref>", "<box>": "</box>"}
 PALETTE = ((148, 103, 189), (255, 127, 14), (227, 119, 194), (23, 190, 207), (140, 86, 75), (127, 127, 127))  # k-th box
 CJK_FONT_FILES = (  # looked up by name in the system font folders (Pillow's ImageFont.truetype search)
-    "NotoSansCJK-Regular.ttc", "wqy-microhei.ttc", "wqy-zenhei.ttc", "DroidSansFallbackFull.ttf",
-    "PingFang.ttc", "msyh.ttc", "simhei.ttf",
+    "NotoSansCJK-Regular.ttc",
+    "wqy-microhei.ttc",
+    "wqy-zenhei.ttc",
+    "DroidSansFallbackFull.ttf",
+    "PingFang.ttc",
+    "msyh.ttc",
+    "simhei.ttf",
 )
 _TEXT_TAGS = re.compile(r"<img>(.*?)</img>|(<img>|</?ref>|</?box>)", re.DOTALL)
 _IMAGE_LABEL = re.compile(r"Picture [0-9]+: \Z")
@@ -53,8 +67,12 @@ _BOX_TEXT = re.compile(rf"\s*\({_NUMBER},{_NUMBER}\)\s*,\s*\({_NUMBER},{_NUMBER}
 
 def _four_ints(corners) -> tuple[int, int, int, int]:
     """(x1, y1, x2, y2) as a tuple of 4 ints, else a TypeError."""
-    if (isinstance(corners, (str, bytes)) or not isinstance(corners, (list, tuple)) or len(corners) != 4
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in corners)):
+    if (
+        isinstance(corners, (str, bytes))
+        or not isinstance(corners, (list, tuple))
+        or len(corners) != 4
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in corners)
+    ):
         raise TypeError(f"a box is 4 ints (x1, y1, x2, y2), got {corners!r}")
     return tuple(corners)
 
@@ -71,8 +89,11 @@ def check_box(corners) -> tuple[int, int, int, int]:
 
 def _check_size(size) -> tuple[int, int]:
     """(width, height) as positive ints."""
-    if (not isinstance(size, (list, tuple)) or len(size) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+    if (
+        not isinstance(size, (list, tuple))
+        or len(size) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+    ):
         raise ValueError(f"a picture size is (width, height) in pixels, two positive ints, got {size!r}")
     return tuple(size)
 
@@ -92,8 +113,12 @@ def to_grid(corners, size) -> tuple[int, int, int, int]:
 def iou(a, b) -> float:
     """Intersection over union of two boxes (x1, y1, x2, y2) on one scale; two equal empty boxes give 1.0."""
     for box in (a, b):
-        if (isinstance(box, (str, bytes)) or not isinstance(box, (list, tuple)) or len(box) != 4
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
+        if (
+            isinstance(box, (str, bytes))
+            or not isinstance(box, (list, tuple))
+            or len(box) != 4
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+        ):
             raise TypeError(f"a box is 4 numbers (x1, y1, x2, y2), got {box!r}")
         if box[2] < box[0] or box[3] < box[1]:
             raise ValueError(f"box {tuple(box)} has x2 < x1 or y2 < y1: write (left, top, right, bottom)")
@@ -107,8 +132,16 @@ def box_answer(label: str, corners) -> Query:
     if not isinstance(label, str):
         raise TypeError(f"label must be a str, got {type(label).__name__}")
     x1, y1, x2, y2 = check_box(corners)
-    return Query([("special", "<ref>"), ("text", label), ("special", "</ref>"),
-                  ("special", "<box>"), ("text", f"({x1},{y1}),({x2},{y2})"), ("special", "</box>")])
+    return Query(
+        [
+            ("special", "<ref>"),
+            ("text", label),
+            ("special", "</ref>"),
+            ("special", "<box>"),
+            ("text", f"({x1},{y1}),({x2},{y2})"),
+            ("special", "</box>"),
+        ]
+    )
 
 
 def _malformed(message: str, strict: bool, fallback: str):
@@ -125,12 +158,14 @@ def _pieces(source, tokenizer) -> list[tuple[str, str]]:
     if isinstance(source, str):
         pieces, end = [], 0
         for m in _TEXT_TAGS.finditer(source):
-            pieces += [("text", source[end:m.start()]), ("tag", m[2]) if m[2] else ("image", m[1])]
+            pieces += [("text", source[end : m.start()]), ("tag", m[2]) if m[2] else ("image", m[1])]
             end = m.end()
         return pieces + [("text", source[end:])]
     if not isinstance(tokenizer, QWenTokenizer):
-        raise TypeError(f"to read token ids pass tokenizer=load_tokenizer() (got {type(tokenizer).__name__}); "
-                        "text and Queries need none")
+        raise TypeError(
+            f"to read token ids pass tokenizer=load_tokenizer() (got {type(tokenizer).__name__}); "
+            "text and Queries need none"
+        )
     kinds = tokenizer.token_kinds(source)  # checks the ids; marks the path bytes of well-formed image spans
     ids = source.tolist() if hasattr(source, "tolist") else source
     ids = [ids] if isinstance(ids, int) else list(ids)
@@ -206,8 +241,11 @@ def to_list_format(source, tokenizer=None, *, strict=True) -> list[dict]:
             add({kind: value})
             continue
         if value not in CLOSING:  # a closing tag, or an <img> that is never closed
-            _malformed("<img> without </img>" if value == "<img>" else f"{value} without its opening tag", strict,
-                       "read as text")
+            _malformed(
+                "<img> without </img>" if value == "<img>" else f"{value} without its opening tag",
+                strict,
+                "read as text",
+            )
             add({"text": value})
             continue
         inner, end = (pieces[k][1], k + 1) if k < len(pieces) and pieces[k][0] == "text" else ("", k)
@@ -257,8 +295,9 @@ def parse_boxes(source, tokenizer=None, *, picture=None, strict=True) -> list[Bo
             try:
                 check_box(corners)
                 if picture is None and latest is None:
-                    raise ValueError(f"box {corners} comes before any picture; name the picture it refers to with "
-                                     "picture=")
+                    raise ValueError(
+                        f"box {corners} comes before any picture; name the picture it refers to with picture="
+                    )
             except ValueError as err:
                 _malformed(str(err), strict, "box skipped")
                 continue
@@ -296,9 +335,12 @@ def _label_font(label: str, size: int, font):
         return label, ImageFont.load_default(size)
     if cjk_font_path() is not None:
         return label, ImageFont.truetype(cjk_font_path(), size, layout_engine=ImageFont.Layout.BASIC)
-    warnings.warn(f"no CJK font found (looked for {', '.join(CJK_FONT_FILES)} in the system font folders): "
-                  f"the wide characters of the label {label!r} are drawn as '?'; install one (Debian/Ubuntu: "
-                  "apt-get install fonts-noto-cjk) or pass font=path", stacklevel=3)
+    warnings.warn(
+        f"no CJK font found (looked for {', '.join(CJK_FONT_FILES)} in the system font folders): "
+        f"the wide characters of the label {label!r} are drawn as '?'; install one (Debian/Ubuntu: "
+        "apt-get install fonts-noto-cjk) or pass font=path",
+        stacklevel=3,
+    )
     return "".join("?" if _wide(c) else c for c in label), ImageFont.load_default(size)
 
 

@@ -15,7 +15,9 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        bounds = f">= {minimum}" if maximum is None else f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
+        bounds = (
+            f">= {minimum}" if maximum is None else f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
+        )
         raise ValueError(f"{name} must be an int {bounds}, got {value}")
     return int(value)
 
@@ -31,8 +33,9 @@ def as_int_tensor(values, name: str = "input_ids") -> torch.Tensor:
             raise ValueError(f"{name} hold {int(values.max())}, past the largest int64 {INT64_MAX}")
         return values.long()
     if not isinstance(values, (list, tuple, range, np.ndarray)):
-        raise TypeError(f"{name} must be a torch tensor, a numpy array or a (nested) list of ints, "
-                        f"got {type(values).__name__}")
+        raise TypeError(
+            f"{name} must be a torch tensor, a numpy array or a (nested) list of ints, got {type(values).__name__}"
+        )
     try:
         array = np.asarray(values)
     except ValueError:

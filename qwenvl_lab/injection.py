@@ -15,8 +15,9 @@ def overwrite_image_spans(hidden: torch.Tensor, img_pos: torch.Tensor, input_vit
     return hidden
 
 
-def masked_scatter_images(hidden: torch.Tensor, input_ids: torch.Tensor, input_vit: torch.Tensor,
-                          image_pad_id: int = IMAGE_PAD_ID) -> torch.Tensor:
+def masked_scatter_images(
+    hidden: torch.Tensor, input_ids: torch.Tensor, input_vit: torch.Tensor, image_pad_id: int = IMAGE_PAD_ID
+) -> torch.Tensor:
     """HF/vLLM style: ids are `<imgpad>` placeholders; scatter the features into those positions in order."""
     mask = input_ids == image_pad_id  # [B, L]
     if int(mask.sum()) != input_vit.shape[0] * input_vit.shape[1]:

@@ -112,13 +112,20 @@ def run_until_exit(command: list[str], cwd: Path, env: dict[str, str]) -> int:
 def main(argv=None) -> int:
     """Command line: copy the notebooks, then start JupyterLab (or restore one copy with --reset)."""
     parser = argparse.ArgumentParser(
-        prog="python -m qwenvl_lab.lab", description=__doc__.split("\n")[0], allow_abbrev=False,
+        prog="python -m qwenvl_lab.lab",
+        description=__doc__.split("\n")[0],
+        allow_abbrev=False,
         epilog="Other arguments go to JupyterLab, e.g. --ip=0.0.0.0 --port=8888 --no-browser on a remote machine.",
     )
-    parser.add_argument("--reset", metavar="NOTEBOOK",
-                        help="restore my-notebooks/NOTEBOOK from the course (e.g. 03 or 03_fake_prompt_ids); "
-                             "your copy moves to my-notebooks/backup/")
-    parser.add_argument("--print-command", action="store_true", help="print the JupyterLab command instead of running it")
+    parser.add_argument(
+        "--reset",
+        metavar="NOTEBOOK",
+        help="restore my-notebooks/NOTEBOOK from the course (e.g. 03 or 03_fake_prompt_ids); "
+        "your copy moves to my-notebooks/backup/",
+    )
+    parser.add_argument(
+        "--print-command", action="store_true", help="print the JupyterLab command instead of running it"
+    )
     args, lab_args = parser.parse_known_args(argv)
     root = course_root()
     course, mine = root / COURSE_FOLDER, root / MY_FOLDER
@@ -127,13 +134,17 @@ def main(argv=None) -> int:
             restored, backup = reset_notebook(course, mine, args.reset)
         except ValueError as err:
             parser.error(str(err))
-        print(f"restored {restored.relative_to(root)} from {COURSE_FOLDER}/"
-              + (f"; your copy is now {backup.relative_to(root)}" if backup else ""))
+        print(
+            f"restored {restored.relative_to(root)} from {COURSE_FOLDER}/"
+            + (f"; your copy is now {backup.relative_to(root)}" if backup else "")
+        )
         return 0
     copied = copy_course_notebooks(course, mine)
     if copied:
-        print(f"copied {len(copied)} course notebook(s) into {MY_FOLDER}/ (your work goes there; "
-              f"{COURSE_FOLDER}/ stays as shipped)")
+        print(
+            f"copied {len(copied)} course notebook(s) into {MY_FOLDER}/ (your work goes there; "
+            f"{COURSE_FOLDER}/ stays as shipped)"
+        )
     command = lab_command(root, lab_args)
     if args.print_command:
         print(" ".join(command))

@@ -16,7 +16,7 @@ IMAGE_IDS = IMG_TOKEN_SPAN + 2  # an image takes <img> + 256 + </img> positions 
 
 
 def dtype_name(dtype) -> str:
-    """"float16"/"bfloat16"/"float32" for a dtype given as that name or as a torch.dtype."""
+    """ "float16"/"bfloat16"/"float32" for a dtype given as that name or as a torch.dtype."""
     names = {v: k for k, v in DTYPES.items()}
     if isinstance(dtype, torch.dtype) and dtype in names:
         return names[dtype]

@@ -22,10 +22,26 @@ from .prompt_table import prompt_tuning_embedding
 from .tokenizing import IMAGE_START_ID, decode_image_path
 from .vision import Resampler, VisionTransformer, sincos_pos_embed_2d
 
-QWEN_VL_CHAT_VISUAL = dict(heads=16, image_size=448, image_start_id=IMAGE_START_ID, layers=48, mlp_ratio=4.9231,
-                           output_dim=4096, patch_size=14, width=1664)
-CONFIG_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "kv_channels", "seq_length", "max_position_embeddings")
+QWEN_VL_CHAT_VISUAL = dict(
+    heads=16,
+    image_size=448,
+    image_start_id=IMAGE_START_ID,
+    layers=48,
+    mlp_ratio=4.9231,
+    output_dim=4096,
+    patch_size=14,
+    width=1664,
+)
+CONFIG_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "kv_channels",
+    "seq_length",
+    "max_position_embeddings",
+)
 CONFIG_FLAGS = ("use_dynamic_ntk", "use_logn_attn", "no_bias", "tie_word_embeddings")
 VISUAL_SIZES = ("heads", "image_size", "layers", "output_dim", "patch_size", "width")
 
@@ -36,8 +52,9 @@ def check_number(name: str, value, minimum: float, maximum: float = math.inf, op
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum) or value > maximum:
         low = f"{'>' if open_minimum else '>='} {minimum:g}"
-        raise ValueError(f"{name} must be a finite number {low}{f' and <= {maximum:g}' if maximum < math.inf else ''}, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be a finite number {low}{f' and <= {maximum:g}' if maximum < math.inf else ''}, got {value!r}"
+        )
     return value
 
 
@@ -47,19 +64,24 @@ def check_config(config: "QWenVLConfig") -> None:
         check_int(key, getattr(config, key), 1)
     for key in CONFIG_FLAGS:
         if not isinstance(getattr(config, key), bool):
-            raise TypeError(f"{key} must be true or false, got {type(getattr(config, key)).__name__} "
-                            f"{getattr(config, key)!r}")
+            raise TypeError(
+                f"{key} must be true or false, got {type(getattr(config, key)).__name__} {getattr(config, key)!r}"
+            )
     check_number("layer_norm_epsilon", config.layer_norm_epsilon, 0)
     check_number("rotary_emb_base", config.rotary_emb_base, 0)
     check_number("initializer_range", config.initializer_range, 0, open_minimum=False)
     check_number("rotary_pct", config.rotary_pct, 0, 1)
     rot_dim = int(config.kv_channels * config.rotary_pct)
     if rot_dim < 2 or rot_dim % 2:
-        raise ValueError(f"kv_channels {config.kv_channels} × rotary_pct {config.rotary_pct} gives {rot_dim} rotary "
-                         "dims per head; RoPE needs an even number >= 2")
+        raise ValueError(
+            f"kv_channels {config.kv_channels} × rotary_pct {config.rotary_pct} gives {rot_dim} rotary "
+            "dims per head; RoPE needs an even number >= 2"
+        )
     if config.kv_channels * config.num_attention_heads != config.hidden_size:
-        raise ValueError(f"kv_channels {config.kv_channels} × heads {config.num_attention_heads} must equal "
-                         f"hidden_size {config.hidden_size}")
+        raise ValueError(
+            f"kv_channels {config.kv_channels} × heads {config.num_attention_heads} must equal "
+            f"hidden_size {config.hidden_size}"
+        )
     check_visual(config.visual)
     if config.visual["output_dim"] != config.hidden_size:
         raise ValueError(f"visual output_dim {config.visual['output_dim']} must equal hidden_size {config.hidden_size}")
@@ -81,12 +103,15 @@ def check_visual(visual) -> None:
     if visual["patch_size"] > visual["image_size"]:
         raise ValueError(f"visual.patch_size {visual['patch_size']} exceeds visual.image_size {visual['image_size']}")
     if int(visual["width"] * visual["mlp_ratio"]) < 1:
-        raise ValueError(f"visual.width × visual.mlp_ratio = {visual['width'] * visual['mlp_ratio']:g} leaves the "
-                         "ViT's MLP no width")
+        raise ValueError(
+            f"visual.width × visual.mlp_ratio = {visual['width'] * visual['mlp_ratio']:g} leaves the ViT's MLP no width"
+        )
     resampler_heads = max(visual["output_dim"] // 128, 1)
     if visual["output_dim"] % 4 or visual["output_dim"] % resampler_heads:
-        raise ValueError(f"visual.output_dim {visual['output_dim']} must be a multiple of 4 (2-D sin-cos positions) "
-                         f"and of the resampler's {resampler_heads} heads (output_dim // 128)")
+        raise ValueError(
+            f"visual.output_dim {visual['output_dim']} must be a multiple of 4 (2-D sin-cos positions) "
+            f"and of the resampler's {resampler_heads} heads (output_dim // 128)"
+        )
 
 
 class QWenVLConfig(PreTrainedConfig):
@@ -94,10 +119,27 @@ class QWenVLConfig(PreTrainedConfig):
 
     model_type = "qwen"
 
-    def __init__(self, vocab_size=151936, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                 intermediate_size=22016, kv_channels=128, rotary_pct=1.0, rotary_emb_base=10000, seq_length=2048,
-                 max_position_embeddings=8192, layer_norm_epsilon=1e-6, use_dynamic_ntk=True, use_logn_attn=True,
-                 no_bias=True, initializer_range=0.02, visual=None, tie_word_embeddings=False, **kwargs):
+    def __init__(
+        self,
+        vocab_size=151936,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        intermediate_size=22016,
+        kv_channels=128,
+        rotary_pct=1.0,
+        rotary_emb_base=10000,
+        seq_length=2048,
+        max_position_embeddings=8192,
+        layer_norm_epsilon=1e-6,
+        use_dynamic_ntk=True,
+        use_logn_attn=True,
+        no_bias=True,
+        initializer_range=0.02,
+        visual=None,
+        tie_word_embeddings=False,
+        **kwargs,
+    ):
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
         self.intermediate_size, self.kv_channels, self.rotary_pct = intermediate_size, kv_channels, rotary_pct
@@ -105,7 +147,9 @@ class QWenVLConfig(PreTrainedConfig):
         self.max_position_embeddings, self.layer_norm_epsilon = max_position_embeddings, layer_norm_epsilon
         self.use_dynamic_ntk, self.use_logn_attn, self.no_bias = use_dynamic_ntk, use_logn_attn, no_bias
         self.initializer_range = initializer_range
-        self.visual = dict(QWEN_VL_CHAT_VISUAL if visual is None else visual) if isinstance(visual, dict | None) else visual
+        self.visual = (
+            dict(QWEN_VL_CHAT_VISUAL if visual is None else visual) if isinstance(visual, dict | None) else visual
+        )
         kwargs.setdefault("architectures", ["QWenLMHeadModel"])
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         check_config(self)
@@ -139,7 +183,7 @@ def rope_cos_sin(position_ids: torch.Tensor, dim: int, base: float, dtype) -> tu
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE over the first `cos.shape[-1]` dims of each head."""
-    rot, rest = x[..., : cos.shape[-1]], x[..., cos.shape[-1]:]
+    rot, rest = x[..., : cos.shape[-1]], x[..., cos.shape[-1] :]
     x1, x2 = rot.chunk(2, dim=-1)
     return torch.cat([rot * cos + torch.cat([-x2, x1], dim=-1) * sin, rest], dim=-1)
 
@@ -226,11 +270,13 @@ class QWenPreTrainedModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, VisionTransformer):
             nn.init.normal_(module.positional_embedding, std=module.positional_embedding.shape[1] ** -0.5)
-            nn.init.normal_(module.proj, std=module.output_dim ** -0.5)
+            nn.init.normal_(module.proj, std=module.output_dim**-0.5)
         elif isinstance(module, Resampler):
             nn.init.trunc_normal_(module.query, std=0.02)
             with torch.no_grad():
-                module.pos_embed.copy_(sincos_pos_embed_2d(module.pos_embed.shape[1], int(module.pos_embed.shape[0] ** 0.5)))
+                module.pos_embed.copy_(
+                    sincos_pos_embed_2d(module.pos_embed.shape[1], int(module.pos_embed.shape[0] ** 0.5))
+                )
 
 
 class QWenModel(QWenPreTrainedModel):
@@ -273,8 +319,19 @@ class QWenModel(QWenPreTrainedModel):
             hidden = overwrite_image_spans(hidden, img_pos, input_vit)
         return hidden
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                use_cache=None, prompt_table=None, tasks=None, task_vocab_size=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        use_cache=None,
+        prompt_table=None,
+        tasks=None,
+        task_vocab_size=None,
+        **kwargs,
+    ):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         past_len = cache.get_seq_length() if cache is not None else 0
@@ -292,7 +349,9 @@ class QWenModel(QWenPreTrainedModel):
             if attention_mask is not None:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past_len : past_len + length]
             else:
-                position_ids = torch.arange(past_len, past_len + length, device=inputs_embeds.device)[None].expand(b, -1)
+                position_ids = torch.arange(past_len, past_len + length, device=inputs_embeds.device)[None].expand(
+                    b, -1
+                )
         rot_dim = int(self.config.kv_channels * self.config.rotary_pct)
         cos, sin = rope_cos_sin(position_ids, rot_dim, self.config.rotary_emb_base, inputs_embeds.dtype)
         mask = attention_bias(attention_mask, length, past_len, inputs_embeds.dtype, inputs_embeds.device)
@@ -317,20 +376,44 @@ class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                use_cache=None, prompt_table=None, tasks=None, task_vocab_size=None, labels=None, logits_to_keep=0,
-                **kwargs):
-        hidden, cache = self.transformer(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache,
-                                         prompt_table, tasks, task_vocab_size)
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        use_cache=None,
+        prompt_table=None,
+        tasks=None,
+        task_vocab_size=None,
+        labels=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        hidden, cache = self.transformer(
+            input_ids,
+            attention_mask,
+            position_ids,
+            cache,
+            inputs_embeds,
+            use_cache,
+            prompt_table,
+            tasks,
+            task_vocab_size,
+        )
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden).float()  # [B, L, V]
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
 
     def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
         """Beam search copies each sequence; the prompt table is shared, so it is not copied (tasks are)."""
         shared = {k: model_kwargs.pop(k) for k in ("prompt_table", "task_vocab_size") if k in model_kwargs}
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids,
-                                                                         **model_kwargs)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
         return input_ids, {**model_kwargs, **shared}

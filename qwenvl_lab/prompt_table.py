@@ -60,15 +60,18 @@ def ptuning_setup(prompt_table, dtype, hidden_size: int, tasks=None, input_ids=N
     dtype = to_torch_dtype(dtype)
     input_ids = None if input_ids is None else as_batch(input_ids)
     if prompt_table is not None and not isinstance(prompt_table, torch.Tensor):
-        raise TypeError(f"prompt_table must be input_vit, a torch.Tensor [N, 256, H], or None; "
-                        f"got {type(prompt_table).__name__}")
+        raise TypeError(
+            f"prompt_table must be input_vit, a torch.Tensor [N, 256, H], or None; got {type(prompt_table).__name__}"
+        )
     device = prompt_table.device if prompt_table is not None else (input_ids.device if input_ids is not None else "cpu")
     if prompt_table is not None:
         if prompt_table.dim() != 3:
             raise ValueError(f"prompt_table must be input_vit [N, 256, H], got shape {tuple(prompt_table.shape)}")
         if not prompt_table.dtype.is_floating_point:
-            raise TypeError(f"input_vit must hold floating-point features (the vision tower's output), "
-                            f"got dtype {prompt_table.dtype}")
+            raise TypeError(
+                f"input_vit must hold floating-point features (the vision tower's output), "
+                f"got dtype {prompt_table.dtype}"
+            )
         if prompt_table.shape[2] != hidden_size:
             raise ValueError(
                 f"prompt table hidden size {prompt_table.shape[2]} != model hidden_size {hidden_size}; "
@@ -129,8 +132,10 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
     input_ids = as_batch(input_ids)  # [B, L]
     for name, value in (("vocab_embedding", vocab_embedding), ("prompt_table", prompt_table)):
         if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
-                            f"{value.dtype if isinstance(value, torch.Tensor) else type(value).__name__}")
+            raise TypeError(
+                f"{name} must be a floating-point torch.Tensor, got "
+                f"{value.dtype if isinstance(value, torch.Tensor) else type(value).__name__}"
+            )
     if vocab_embedding.dim() != 2:
         raise ValueError(f"vocab_embedding must be [vocab rows, H], got shape {tuple(vocab_embedding.shape)}")
     hidden = vocab_embedding.shape[1]
@@ -147,7 +152,9 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
         )
     if bool((input_ids < 0).any()):
         b, pos = (input_ids < 0).nonzero()[0].tolist()
-        raise ValueError(f"input_ids must be non-negative token ids, got {int(input_ids[b, pos])} at row {b}, position {pos}")
+        raise ValueError(
+            f"input_ids must be non-negative token ids, got {int(input_ids[b, pos])} at row {b}, position {pos}"
+        )
     tasks = as_int_tensor(tasks if isinstance(tasks, (torch.Tensor, np.ndarray, list, tuple)) else [tasks], "tasks")
     tasks = tasks.to(input_ids.device).reshape(-1)
     if tasks.shape[0] != input_ids.shape[0]:
@@ -156,8 +163,10 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
         raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
     task_vocab_size = _one_int(task_vocab_size, "task_vocab_size")
     if task_vocab_size < 0:
-        raise ValueError(f"task_vocab_size must be >= 0 (table rows per task), got {task_vocab_size}; "
-                         "a negative one would read rows from the end of the table")
+        raise ValueError(
+            f"task_vocab_size must be >= 0 (table rows per task), got {task_vocab_size}; "
+            "a negative one would read rows from the end of the table"
+        )
     mask = input_ids >= vocab_size  # [B, L]
     embeddings = vocab_embedding[torch.where(mask, vocab_size - 1, input_ids)]  # [B, L, H]
     if not bool(mask.any()):
@@ -204,8 +213,13 @@ def single_table_batch(input_ids, input_vit: torch.Tensor, vocab_size: int, imag
     return ids, prompt_table, tasks, input_vit.shape[1]
 
 
-def per_request_tables(input_ids, input_vit: torch.Tensor, vocab_size: int, rows_per_request: int | None = None,
-                       image_start_id: int = IMAGE_START_ID):
+def per_request_tables(
+    input_ids,
+    input_vit: torch.Tensor,
+    vocab_size: int,
+    rows_per_request: int | None = None,
+    image_start_id: int = IMAGE_START_ID,
+):
     """In-flight-batching convention: each request's ids restart at vocab_size; its table sits at slot × rows."""
     input_ids = as_batch(input_ids)
     img_pos = locate_img_pos(input_ids, image_start_id)
@@ -233,8 +247,9 @@ def per_request_tables(input_ids, input_vit: torch.Tensor, vocab_size: int, rows
 def check_image_count(img_pos: torch.Tensor, input_vit: torch.Tensor) -> None:
     """Raise when the ids hold a different number of image spans than `input_vit` has images."""
     if not isinstance(input_vit, torch.Tensor):
-        raise TypeError(f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), "
-                        f"got {type(input_vit).__name__}")
+        raise TypeError(
+            f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), got {type(input_vit).__name__}"
+        )
     if input_vit.dim() != 3 or img_pos.shape[0] != input_vit.shape[0]:
         raise ValueError(
             f"the ids hold {img_pos.shape[0]} image spans but input_vit has shape {tuple(input_vit.shape)}; "

@@ -27,10 +27,16 @@ def as_id_list(batch_input_ids) -> list[torch.Tensor]:
             seq = torch.as_tensor(seq)
         except (TypeError, ValueError, RuntimeError, OverflowError) as err:
             raise ValueError(f"request {i}: not a 1-D sequence of token ids that fit in int64 ({err})") from None
-        if seq.dim() != 1 or seq.numel() == 0 or seq.dtype.is_floating_point or seq.dtype.is_complex \
-                or seq.dtype == torch.bool:
+        if (
+            seq.dim() != 1
+            or seq.numel() == 0
+            or seq.dtype.is_floating_point
+            or seq.dtype.is_complex
+            or seq.dtype == torch.bool
+        ):
             raise ValueError(
-                f"request {i}: expected a non-empty 1-D tensor of token ids, got {seq.dtype} {tuple(seq.shape)}")
+                f"request {i}: expected a non-empty 1-D tensor of token ids, got {seq.dtype} {tuple(seq.shape)}"
+            )
         seq = seq.long()
         negative = torch.nonzero(seq < 0)
         if len(negative):
@@ -47,13 +53,15 @@ def parse_tasks(prompt_tasks, batch_size: int, num_tables: int) -> list[int]:
             tasks = [int(t) for t in prompt_tasks.split(",")]
         except ValueError:
             raise ValueError(
-                f'prompt_tasks must be a comma-separated list of integers like "0,1", got {prompt_tasks!r}') from None
+                f'prompt_tasks must be a comma-separated list of integers like "0,1", got {prompt_tasks!r}'
+            ) from None
     else:
         try:
             values = torch.as_tensor(prompt_tasks).reshape(-1)
         except (TypeError, ValueError, RuntimeError, OverflowError):
-            raise TypeError(f'prompt_tasks must be a string like "0,1" or a sequence of ints, got {prompt_tasks!r}') \
-                from None
+            raise TypeError(
+                f'prompt_tasks must be a string like "0,1" or a sequence of ints, got {prompt_tasks!r}'
+            ) from None
         if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
             raise TypeError(f"prompt_tasks must hold integers, got {values.dtype}")
         tasks = values.tolist()
@@ -73,8 +81,9 @@ def is_greedy(top_k: int, top_p: float) -> bool:
     return top_k == 1 or (top_k == 0 and top_p == 0.0)
 
 
-def check_sampling(temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, random_seed=None,
-                   repetition_penalty=1.0) -> bool:
+def check_sampling(
+    temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, random_seed=None, repetition_penalty=1.0
+) -> bool:
     """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
         raise ValueError(f"temperature must be a number > 0 (and finite), got {temperature!r}")
@@ -82,14 +91,21 @@ def check_sampling(temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, rand
         raise ValueError(f"top_k must be an int >= 0 (0 = no top-k limit, 1 = greedy), got {top_k!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 <= top_p <= 1.0:
         raise ValueError(f"top_p must be a number in [0, 1] (0 with top_k 0 = greedy), got {top_p!r}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or not math.isfinite(
-            length_penalty):
+    if (
+        isinstance(length_penalty, bool)
+        or not isinstance(length_penalty, (int, float))
+        or not math.isfinite(length_penalty)
+    ):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
-    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) or not (
-            0 < repetition_penalty < math.inf):
+    if (
+        isinstance(repetition_penalty, bool)
+        or not isinstance(repetition_penalty, (int, float))
+        or not (0 < repetition_penalty < math.inf)
+    ):
         raise ValueError(f"repetition_penalty must be a number > 0 (1: off), got {repetition_penalty!r}")
-    if random_seed is not None and (isinstance(random_seed, bool) or not isinstance(random_seed, int)
-                                    or not 0 <= random_seed < 2**63):
+    if random_seed is not None and (
+        isinstance(random_seed, bool) or not isinstance(random_seed, int) or not 0 <= random_seed < 2**63
+    ):
         raise TypeError(f"random_seed must be None or an int in [0, 2**63), got {random_seed!r}")
     return is_greedy(top_k, top_p)
 
@@ -99,14 +115,19 @@ def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[
     if stop_words_list is None:
         return None
     if not isinstance(stop_words_list, (list, tuple)) or len(stop_words_list) != batch_size:
-        raise ValueError(f"stop_words_list must hold one list of stop sequences per request ({batch_size}), e.g. "
-                         f"[[[151644]]] * {batch_size}, got {stop_words_list!r:.80}")
+        raise ValueError(
+            f"stop_words_list must hold one list of stop sequences per request ({batch_size}), e.g. "
+            f"[[[151644]]] * {batch_size}, got {stop_words_list!r:.80}"
+        )
     checked = []
     for i, words in enumerate(stop_words_list):
         if not isinstance(words, (list, tuple)) or not all(
-                isinstance(w, (list, tuple)) and w and all(_is_int(t) and 0 <= t < vocab_size for t in w) for w in words):
-            raise ValueError(f"stop_words_list[{i}] must be a list of non-empty sequences of token ids in "
-                             f"[0, {vocab_size}), got {words!r:.80}")
+            isinstance(w, (list, tuple)) and w and all(_is_int(t) and 0 <= t < vocab_size for t in w) for w in words
+        ):
+            raise ValueError(
+                f"stop_words_list[{i}] must be a list of non-empty sequences of token ids in "
+                f"[0, {vocab_size}), got {words!r:.80}"
+            )
         checked.append([tuple(w) for w in words])
     return checked
 
@@ -133,17 +154,29 @@ class CheckedRequest:
         """Each request's own table (in-flight batching): the rows from its task's first row up to the last it reads,
         zero-padded to the longest: [B, rows, H]; request i's fake ids then index table i from row 0."""
         starts = [task * self.task_vocab_size for task in self.tasks]
-        needed = [int(self.rows_read(i).max()) + 1 - start if len(self.rows_read(i)) else 0
-                  for i, start in enumerate(starts)]
+        needed = [
+            int(self.rows_read(i).max()) + 1 - start if len(self.rows_read(i)) else 0 for i, start in enumerate(starts)
+        ]
         tables = self.table.new_zeros(len(self.ids), max(max(needed), 1), self.table.shape[1])  # [B, R, H]
         for i, (start, n) in enumerate(zip(starts, needed)):
             tables[i, :n] = self.table[start : start + n]
         return tables
 
 
-def check_request(build: BuildConfig, vocab_size: int, hidden_size: int, batch_input_ids, prompt_table=None,
-                  prompt_tasks=None, task_vocab_size=None, max_new_tokens=64, num_beams=1, end_id=-1, pad_id=0,
-                  in_flight: bool = False) -> CheckedRequest:
+def check_request(
+    build: BuildConfig,
+    vocab_size: int,
+    hidden_size: int,
+    batch_input_ids,
+    prompt_table=None,
+    prompt_tasks=None,
+    task_vocab_size=None,
+    max_new_tokens=64,
+    num_beams=1,
+    end_id=-1,
+    pad_id=0,
+    in_flight: bool = False,
+) -> CheckedRequest:
     """Check a batch against an engine built with `build` (its vocabulary and hidden sizes given) before it runs.
 
     in_flight=False: the batch shares one table of at most max_prompt_embedding_table_size rows (the engine's
@@ -159,8 +192,10 @@ def check_request(build: BuildConfig, vocab_size: int, hidden_size: int, batch_i
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not _is_int(num_beams) or not 1 <= num_beams <= build.max_beam_width:
-        raise ValueError(f"num_beams {num_beams!r} is outside 1…{build.max_beam_width}, the engine's max_beam_width; "
-                         "rebuild with BuildConfig(max_beam_width=…) for wider beam search")
+        raise ValueError(
+            f"num_beams {num_beams!r} is outside 1…{build.max_beam_width}, the engine's max_beam_width; "
+            "rebuild with BuildConfig(max_beam_width=…) for wider beam search"
+        )
     for name, value, low in (("end_id", end_id, -1), ("pad_id", pad_id, 0)):  # end_id -1: never stop
         if not _is_int(value) or not low <= value < vocab_size:
             raise ValueError(f"{name} must be an int in [{low}, {vocab_size}), got {value!r}")
@@ -199,8 +234,10 @@ def check_request(build: BuildConfig, vocab_size: int, hidden_size: int, batch_i
     if table.dim() == 3:  # one table per task: [tables, rows, H]
         num_tables, tvs = table.shape[0], table.shape[1]
         if task_vocab_size is not None and _scalar(task_vocab_size, "task_vocab_size") != tvs:
-            raise ValueError(f"a [tables, rows, H] prompt_table has task_vocab_size = rows = {tvs}; "
-                             f"task_vocab_size {task_vocab_size!r} disagrees (leave it out)")
+            raise ValueError(
+                f"a [tables, rows, H] prompt_table has task_vocab_size = rows = {tvs}; "
+                f"task_vocab_size {task_vocab_size!r} disagrees (leave it out)"
+            )
         if prompt_tasks is None and num_tables not in (1, len(ids)):
             raise ValueError(f"{num_tables} tables for {len(ids)} requests: say which is whose with prompt_tasks")
         default = [0] * len(ids) if num_tables == 1 else list(range(len(ids)))
@@ -219,9 +256,12 @@ def check_request(build: BuildConfig, vocab_size: int, hidden_size: int, batch_i
         past = torch.nonzero(rows >= (tvs if per_task else table.shape[0] - tasks[i] * tvs))
         if len(past):
             k = int(fake[past[0]])
-            where = (f"its own table (task {tasks[i]}) has {tvs} rows; with one table per request each request's fake "
-                     "ids restart at vocab_size (build them with per_request_tables)" if per_task else
-                     f"the table has {table.shape[0]} rows (task {tasks[i]} starts at row {tasks[i] * tvs})")
+            where = (
+                f"its own table (task {tasks[i]}) has {tvs} rows; with one table per request each request's fake "
+                "ids restart at vocab_size (build them with per_request_tables)"
+                if per_task
+                else f"the table has {table.shape[0]} rows (task {tasks[i]} starts at row {tasks[i] * tvs})"
+            )
             raise ValueError(
                 f"request {i}: id {int(seq[k])} at position {k} reads prompt-table row "
                 f"{int(seq[k]) - vocab_size + tasks[i] * tvs}, but {where}; ids must lie in "
@@ -245,8 +285,10 @@ def check_request(build: BuildConfig, vocab_size: int, hidden_size: int, batch_i
         )
     bad = torch.nonzero(~torch.isfinite(table).all(dim=-1))
     if len(bad):
-        raise ValueError(f"prompt-table row {int(bad[0])} holds NaN or infinity: the image features are broken "
-                         "(check the vision tower's output for that picture)")
+        raise ValueError(
+            f"prompt-table row {int(bad[0])} holds NaN or infinity: the image features are broken "
+            "(check the vision tower's output for that picture)"
+        )
     return checked
 
 

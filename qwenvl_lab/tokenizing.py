@@ -13,7 +13,6 @@ import tiktoken
 
 from . import resources
 
-
 # Special-token ids of Qwen-VL (they follow the 151,643 BPE ranks of qwen.tiktoken)
 ENDOFTEXT_ID = 151643  # <|endoftext|>, also eos/pad in generation_config.json
 IM_START_ID = 151644  # <|im_start|>
@@ -35,17 +34,36 @@ PAT_STR = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s
 HORIZONTAL_SPACE = "\t\x0b\x0c \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # \s of PAT_STR but \r \n
 SPACE_RUN_CUT = 4096  # runs of horizontal whitespace this long are encoded apart from the regex (see _encode_ordinary)
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", *(f"<|extra_{i}|>" for i in range(205)),
-    "<ref>", "</ref>", "<box>", "</box>", "<quad>", "</quad>", "<img>", "</img>", "<imgpad>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    *(f"<|extra_{i}|>" for i in range(205)),
+    "<ref>",
+    "</ref>",
+    "<box>",
+    "</box>",
+    "<quad>",
+    "</quad>",
+    "<img>",
+    "</img>",
+    "<imgpad>",
 )  # ids ENDOFTEXT_ID … TOKENIZER_VOCAB_SIZE - 1, in this order
 SPECIAL_IDS = {token: ENDOFTEXT_ID + i for i, token in enumerate(SPECIAL_TOKENS)}
 IMAGE_TAGS = frozenset({"<img>", "</img>", "<imgpad>"})
 TOKEN_KINDS = ("text", "special", "image_tag", "image_path_byte", "imgpad", "vocab_pad", "fake_prompt_id")
 _SPECIAL_NAMES = {
-    ENDOFTEXT_ID: "eod_id", IM_START_ID: "im_start_id", IM_END_ID: "im_end_id",
-    REF_START_ID: "ref_start_id", REF_END_ID: "ref_end_id", BOX_START_ID: "box_start_id", BOX_END_ID: "box_end_id",
-    QUAD_START_ID: "quad_start_id", QUAD_END_ID: "quad_end_id", IMAGE_START_ID: "image_start_id",
-    IMAGE_END_ID: "image_start_id + 1", IMAGE_PAD_ID: "image_start_id + 2",
+    ENDOFTEXT_ID: "eod_id",
+    IM_START_ID: "im_start_id",
+    IM_END_ID: "im_end_id",
+    REF_START_ID: "ref_start_id",
+    REF_END_ID: "ref_end_id",
+    BOX_START_ID: "box_start_id",
+    BOX_END_ID: "box_end_id",
+    QUAD_START_ID: "quad_start_id",
+    QUAD_END_ID: "quad_end_id",
+    IMAGE_START_ID: "image_start_id",
+    IMAGE_END_ID: "image_start_id + 1",
+    IMAGE_PAD_ID: "image_start_id + 2",
 }
 
 
@@ -76,7 +94,10 @@ def _cached_encoding(vocab_file: str, mtime_ns: int, size: int) -> tiktoken.Enco
         )
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in content.splitlines())}
     return tiktoken.Encoding(
-        "qwen", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=SPECIAL_IDS,
+        "qwen",
+        pat_str=PAT_STR,
+        mergeable_ranks=ranks,
+        special_tokens=SPECIAL_IDS,
         explicit_n_vocab=TOKENIZER_VOCAB_SIZE,
     )
 
@@ -134,7 +155,9 @@ def _as_ids(ids) -> list[int]:
     if isinstance(ids, int) and not isinstance(ids, bool):
         ids = [ids]
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, range)):
-        raise TypeError(f"token ids must be a 1-D list, tuple, torch tensor or numpy array of ints, got {type(ids).__name__}")
+        raise TypeError(
+            f"token ids must be a 1-D list, tuple, torch tensor or numpy array of ints, got {type(ids).__name__}"
+        )
     for k, i in enumerate(ids):
         if isinstance(i, bool) or not isinstance(i, int):
             raise TypeError(f"token ids must be a 1-D sequence of ints, got {type(i).__name__} {i!r} at position {k}")
@@ -159,7 +182,9 @@ def decode_image_path(span_ids) -> str:
         raise ValueError("empty image path: the span starts with <imgpad>")
     bad = next((k for k in range(n) if ids[k] > 255), None)
     if bad is not None:
-        raise ValueError(f"id {ids[bad]} at span position {bad} is not a path byte (0–255) nor <imgpad> ({IMAGE_PAD_ID})")
+        raise ValueError(
+            f"id {ids[bad]} at span position {bad} is not a path byte (0–255) nor <imgpad> ({IMAGE_PAD_ID})"
+        )
     bad = next((k for k in range(n, IMG_TOKEN_SPAN) if ids[k] != IMAGE_PAD_ID), None)
     if bad is not None:
         raise ValueError(f"id {ids[bad]} at span position {bad} follows <imgpad>; only <imgpad> may follow it")
@@ -210,7 +235,9 @@ class Query(str):
 
     def __new__(cls, segments):
         if isinstance(segments, str):
-            raise TypeError("Query takes (kind, value) segments, not a str; build queries with tokenizer.from_list_format")
+            raise TypeError(
+                "Query takes (kind, value) segments, not a str; build queries with tokenizer.from_list_format"
+            )
         checked = []
         for k, segment in enumerate(segments):
             if not isinstance(segment, tuple) or len(segment) != 2:
@@ -286,7 +313,9 @@ class QWenTokenizer:
     def __init__(self, vocab_file):
         self.vocab_file = Path(vocab_file)
         if not self.vocab_file.is_file():
-            raise FileNotFoundError(f"{self.vocab_file} is not a file; use load_tokenizer() to locate {VOCAB_FILE_NAME}")
+            raise FileNotFoundError(
+                f"{self.vocab_file} is not a file; use load_tokenizer() to locate {VOCAB_FILE_NAME}"
+            )
         self.encoding = _load_encoding(self.vocab_file)
         self.special_tokens = dict(SPECIAL_IDS)
 
@@ -305,14 +334,18 @@ class QWenTokenizer:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
-            raise ValueError(f"text has a character that UTF-8 cannot encode ({err.reason}) at index {err.start}") from None
+            raise ValueError(
+                f"text has a character that UTF-8 cannot encode ({err.reason}) at index {err.start}"
+            ) from None
         return _encode_ordinary(self.encoding, unicodedata.normalize("NFC", text))
 
     def encode_query(self, query: Query) -> list[int]:
         """Ids of a Query, segment by segment: text → BPE, special → its id, image → a 258-id image span."""
         if not isinstance(query, Query):
-            raise TypeError(f"encode_query takes a Query (from from_list_format), got {type(query).__name__}; "
-                            "encode plain text with encode()")
+            raise TypeError(
+                f"encode_query takes a Query (from from_list_format), got {type(query).__name__}; "
+                "encode plain text with encode()"
+            )
         ids = []
         for kind, value in query.segments:
             if kind == "text":
@@ -348,8 +381,10 @@ class QWenTokenizer:
                 raise TypeError(f"element {k} must be a dict, got {type(element).__name__}")
             keys = set(element)
             if keys not in ({"image"}, {"text"}, {"box"}, {"ref"}, {"box", "ref"}):
-                raise ValueError(f"element {k} has keys {sorted(keys, key=repr)}; use one of {{'image'}}, {{'text'}}, "
-                                 "{'box', 'ref'}, {'box'} or {'ref'}")
+                raise ValueError(
+                    f"element {k} has keys {sorted(keys, key=repr)}; use one of {{'image'}}, {{'text'}}, "
+                    "{'box', 'ref'}, {'box'} or {'ref'}"
+                )
             if "image" in element:
                 n_images += 1
                 text += f"Picture {n_images}: "
@@ -370,8 +405,10 @@ class QWenTokenizer:
                 raise TypeError(f"element {k}: 'box' must be a list of (x1, y1, x2, y2) boxes, got {boxes!r}")
             for j, box in enumerate(boxes):
                 if not isinstance(box, (list, tuple)) or len(box) != 4:
-                    raise TypeError(f"element {k}: box {j} must be (x1, y1, x2, y2), got {box!r} "
-                                    "(a single box still goes in a list: [(x1, y1, x2, y2)])")
+                    raise TypeError(
+                        f"element {k}: box {j} must be (x1, y1, x2, y2), got {box!r} "
+                        "(a single box still goes in a list: [(x1, y1, x2, y2)])"
+                    )
                 x1, y1, x2, y2 = (_check_coord(v, f"element {k}: box {j} coordinate") for v in box)
                 flush()
                 segments += [("special", "<box>"), ("text", f"({x1},{y1}),({x2},{y2})"), ("special", "</box>")]
@@ -437,10 +474,14 @@ class QWenTokenizer:
         kind = _kind_of(token_id) if kind is None else kind
         if kind == "image_path_byte" and token_id <= 255:
             char = chr(token_id)
-            return f"path byte 0x{token_id:02x}" + (f" {json.dumps(char)}" if char.isprintable() and token_id < 128 else "")
+            return f"path byte 0x{token_id:02x}" + (
+                f" {json.dumps(char)}" if char.isprintable() and token_id < 128 else ""
+            )
         if kind != _kind_of(token_id):
-            raise ValueError(f"id {token_id} cannot be of kind {kind!r}; kinds are {TOKEN_KINDS} "
-                             "(image_path_byte only for ids 0–255)")
+            raise ValueError(
+                f"id {token_id} cannot be of kind {kind!r}; kinds are {TOKEN_KINDS} "
+                "(image_path_byte only for ids 0–255)"
+            )
         if kind == "text":
             data = self.encoding.decode_single_token_bytes(token_id)
             try:
@@ -464,8 +505,13 @@ def load_tokenizer(path=None) -> QWenTokenizer:
     return QWenTokenizer(vocab_file_path(path))
 
 
-def make_context(tokenizer: QWenTokenizer, query, history=None, system: str = "You are a helpful assistant.",
-                 max_window_size: int = 6144) -> tuple[Query, list[int]]:
+def make_context(
+    tokenizer: QWenTokenizer,
+    query,
+    history=None,
+    system: str = "You are a helpful assistant.",
+    max_window_size: int = 6144,
+) -> tuple[Query, list[int]]:
     """(raw_text, context_tokens) of a chatml prompt; history turns kept newest-first under max_window_size."""
     if not isinstance(tokenizer, QWenTokenizer):
         raise TypeError(f"make_context takes a QWenTokenizer first, got {type(tokenizer).__name__}")
@@ -492,13 +538,21 @@ def make_context(tokenizer: QWenTokenizer, query, history=None, system: str = "Y
     system_len = len(tokenizer.encode_query(system_part))
     turns, used = [], 0
     for turn_query, turn_response in reversed(history):
-        turn = Query([("text", "\n"), *message("user", turn_query), ("text", "\n"), *message("assistant", turn_response)])
+        turn = Query(
+            [("text", "\n"), *message("user", turn_query), ("text", "\n"), *message("assistant", turn_response)]
+        )
         n = len(tokenizer.encode_query(turn))
         if system_len + used + n >= max_window_size:
             break
         turns.insert(0, turn)
         used += n
-    current = [("text", "\n"), *message("user", query), ("text", "\n"),
-               ("special", "<|im_start|>"), ("text", "assistant"), ("text", "\n")]
+    current = [
+        ("text", "\n"),
+        *message("user", query),
+        ("text", "\n"),
+        ("special", "<|im_start|>"),
+        ("text", "assistant"),
+        ("text", "\n"),
+    ]
     raw_text = Query([*system_part.segments, *(s for turn in turns for s in turn.segments), *current])
     return raw_text, tokenizer.encode_query(raw_text)

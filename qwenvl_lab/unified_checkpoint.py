@@ -29,8 +29,9 @@ SPLIT_DIM = {
     "mlp.proj.weight": 1,
     "lm_head.weight": 0,  # rows padded to a multiple of tp_size first
 }  # everything else (vocab_embedding, the norms) is kept whole on every rank
-PLACEHOLDER_VISUAL = dict(image_size=28, patch_size=14, width=64, layers=1, heads=1, mlp_ratio=1.0,
-                          image_start_id=IMAGE_START_ID)
+PLACEHOLDER_VISUAL = dict(
+    image_size=28, patch_size=14, width=64, layers=1, heads=1, mlp_ratio=1.0, image_start_id=IMAGE_START_ID
+)
 
 
 def split_dim(name: str):
@@ -143,8 +144,16 @@ def read_trtllm_config(checkpoint_dir) -> dict:
             f"{checkpoint_dir} is not a Qwen (v1) TensorRT-LLM checkpoint: architecture "
             f"{config.get('architecture')!r}, qwen_type {config.get('qwen_type')!r}"
         )
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_size",
-                "intermediate_size", "max_position_embeddings", "seq_length"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "head_size",
+        "intermediate_size",
+        "max_position_embeddings",
+        "seq_length",
+    ):
         field(config, key, "int", config_file, fix)
     for key in ("norm_epsilon", "rotary_base"):
         field(config, key, "positive", config_file, fix)
@@ -154,7 +163,9 @@ def read_trtllm_config(checkpoint_dir) -> dict:
     tp_size = field(mapping, "tp_size", "int", f"{config_file} (mapping)", fix)
     if mapping.get("pp_size", 1) != 1 or (config.get("quantization") or {}).get("quant_algo") is not None:
         raise CheckpointError(f"{checkpoint_dir}: only unquantized checkpoints without pipeline parallelism are read")
-    missing = [f"rank{r}.safetensors" for r in range(tp_size) if not (checkpoint_dir / f"rank{r}.safetensors").is_file()]
+    missing = [
+        f"rank{r}.safetensors" for r in range(tp_size) if not (checkpoint_dir / f"rank{r}.safetensors").is_file()
+    ]
     if missing:
         raise CheckpointError(f"{checkpoint_dir} lacks {missing} for tp_size {tp_size}")
     return config
@@ -186,12 +197,18 @@ def load_trtllm_checkpoint(checkpoint_dir, hf_dir=None, dtype=None) -> QWenLMHea
     else:
         visual, tower = load_config(hf_dir).visual, load_visual_tower(hf_dir)
     model_config = QWenVLConfig(
-        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-        num_hidden_layers=config["num_hidden_layers"], num_attention_heads=config["num_attention_heads"],
-        intermediate_size=config["intermediate_size"], kv_channels=config["head_size"],
-        rotary_emb_base=config["rotary_base"], seq_length=config["seq_length"],
-        max_position_embeddings=config["max_position_embeddings"], layer_norm_epsilon=config["norm_epsilon"],
-        use_logn_attn=config["use_logn_attn"], visual=visual,
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+        num_attention_heads=config["num_attention_heads"],
+        intermediate_size=config["intermediate_size"],
+        kv_channels=config["head_size"],
+        rotary_emb_base=config["rotary_base"],
+        seq_length=config["seq_length"],
+        max_position_embeddings=config["max_position_embeddings"],
+        layer_norm_epsilon=config["norm_epsilon"],
+        use_logn_attn=config["use_logn_attn"],
+        visual=visual,
     )
     with torch.device("meta"):
         model = QWenLMHeadModel(model_config)

@@ -87,6 +87,7 @@ def preprocess_images(images, image_size: int, exif_transpose: bool = False) -> 
 
 def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
     """Fixed 2-D sin-cos positional embedding (MAE formula): [grid_size², embed_dim]."""
+
     def one_dim(dim, pos):
         omega = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
         out = np.einsum("m,d->md", pos.reshape(-1), omega)  # [M, dim/2]
@@ -101,7 +102,9 @@ def interpolate_pos_embed(pos: torch.Tensor, target_len: int) -> torch.Tensor:
     """Resize a square grid of positional embeddings [L, D] to [target_len, D] (bicubic)."""
     src, tgt = int(math.isqrt(pos.shape[0])), int(math.isqrt(target_len))
     if src * src != pos.shape[0] or tgt * tgt != target_len:
-        raise ValueError(f"positional embeddings form square grids; cannot resize {pos.shape[0]} positions to {target_len}")
+        raise ValueError(
+            f"positional embeddings form square grids; cannot resize {pos.shape[0]} positions to {target_len}"
+        )
     if src == tgt:
         return pos
     grid = pos.float().reshape(1, src, src, -1).permute(0, 3, 1, 2)  # [1, D, src, src]
@@ -135,7 +138,9 @@ class VisualBlock(nn.Module):
         self.attn = VisualAttention(width, heads)
         self.ln_2 = nn.LayerNorm(width, eps=1e-6)
         mlp_width = int(width * mlp_ratio)
-        self.mlp = nn.Sequential(OrderedDict(c_fc=nn.Linear(width, mlp_width), gelu=nn.GELU(), c_proj=nn.Linear(mlp_width, width)))
+        self.mlp = nn.Sequential(
+            OrderedDict(c_fc=nn.Linear(width, mlp_width), gelu=nn.GELU(), c_proj=nn.Linear(mlp_width, width))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -179,8 +184,18 @@ class Resampler(nn.Module):
 class VisionTransformer(nn.Module):
     """Qwen-VL's `transformer.visual`: conv patches → ViT → resampler → `input_vit` [B, 256, output_dim]."""
 
-    def __init__(self, image_size=448, patch_size=14, width=1664, layers=48, heads=16, mlp_ratio=4.9231,
-                 output_dim=4096, n_queries=N_QUERIES, **_):
+    def __init__(
+        self,
+        image_size=448,
+        patch_size=14,
+        width=1664,
+        layers=48,
+        heads=16,
+        mlp_ratio=4.9231,
+        output_dim=4096,
+        n_queries=N_QUERIES,
+        **_,
+    ):
         super().__init__()
         self.image_size, self.patch_size, self.output_dim = image_size, patch_size, output_dim
         self.conv1 = nn.Conv2d(3, width, kernel_size=patch_size, stride=patch_size, bias=False)

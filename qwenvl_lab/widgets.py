@@ -28,8 +28,9 @@ KIND_COLORS = {
 }
 PADDING_COLOR = "#ffffff"
 COLLAPSIBLE = ("imgpad", "fake_prompt_id")  # long runs of these kinds show as one chip
-CHIP_STYLE = ("display:inline-block;margin:1px;padding:0 3px;border-radius:3px;white-space:pre;text-align:center;"
-              "background:")
+CHIP_STYLE = (
+    "display:inline-block;margin:1px;padding:0 3px;border-radius:3px;white-space:pre;text-align:center;background:"
+)
 ID_STYLE = "display:block;font-size:9px;color:#444"
 
 
@@ -147,8 +148,9 @@ def kind_legend_html(counts: dict[str, int]) -> str:
     for kind in counts:
         if kind not in KIND_COLORS:
             raise ValueError(f"unknown token kind {kind!r}; kinds are {TOKEN_KINDS}")
-    boxes = "".join(f'<span style="{CHIP_STYLE}{KIND_COLORS[k]}">{html.escape(k)} {n}</span>'
-                    for k, n in counts.items())
+    boxes = "".join(
+        f'<span style="{CHIP_STYLE}{KIND_COLORS[k]}">{html.escape(k)} {n}</span>' for k, n in counts.items()
+    )
     return f'<div style="font-family:monospace;font-size:12px;margin-bottom:4px">{boxes}</div>'
 
 
@@ -159,8 +161,9 @@ def token_viewer(tokenizer, ids, collapse: int = 8):
     view = TokenView.of(tokenizer, ids, collapse)
     if not len(view):
         raise ValueError("no ids to show: the sequence is empty")
-    slider = widgets.IntSlider(value=0, min=0, max=len(view) - 1, description="position",
-                               layout=widgets.Layout(width="100%"))
+    slider = widgets.IntSlider(
+        value=0, min=0, max=len(view) - 1, description="position", layout=widgets.Layout(width="100%")
+    )
     chips = widgets.HTML(view.to_html(selected=0))
     info = widgets.HTML(html.escape(view.describe(0)))
 
@@ -187,8 +190,10 @@ def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax
     if attention_mask is not None:
         attention_mask = torch.as_tensor(attention_mask)
         if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
-                             f"{tuple(input_ids.shape)}; give one mask value per id")
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
+                f"{tuple(input_ids.shape)}; give one mask value per id"
+            )
         grid[attention_mask == 0] = len(TOKEN_KINDS)  # padding
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * input_ids.shape[0]))
@@ -196,8 +201,9 @@ def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax
     ax.imshow(grid.numpy(), aspect="auto", cmap=cmap, vmin=-0.5, vmax=len(TOKEN_KINDS) + 0.5, interpolation="nearest")
     if img_pos is not None:
         img_pos = torch.as_tensor(img_pos).reshape(-1, 3)
-        outside = len(img_pos) and (int(img_pos[:, 0].max()) >= input_ids.shape[0]
-                                    or int(img_pos[:, 1:].max()) >= input_ids.shape[1])
+        outside = len(img_pos) and (
+            int(img_pos[:, 0].max()) >= input_ids.shape[0] or int(img_pos[:, 1:].max()) >= input_ids.shape[1]
+        )
         if outside:
             raise ValueError(f"img_pos points outside the batch of shape {tuple(input_ids.shape)}")
         for i, a, b in img_pos.tolist():
@@ -227,8 +233,10 @@ def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: 
     fake = input_ids[seq, pos]
     rows = fake - vocab_size + tasks[seq] * task_vocab_size
     if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
-        raise ValueError(f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
-                         "(on a GPU engine this read would go out of bounds)")
+        raise ValueError(
+            f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
+            "(on a GPU engine this read would go out of bounds)"
+        )
     return torch.stack([seq, pos, fake, rows], dim=1)  # [M, 4]
 
 
@@ -237,8 +245,10 @@ def describe_lookup(entry, tasks, task_vocab_size, vocab_size: int) -> str:
     seq, pos, fake, row = (int(v) for v in entry)
     task = int(torch.as_tensor(tasks).reshape(-1)[seq])
     tvs = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
-    return (f"sequence {seq}, position {pos}: fake id {fake} = V + {fake - vocab_size} → "
-            f"row {fake - vocab_size} + task {task} × {tvs} = prompt_table row {row}")
+    return (
+        f"sequence {seq}, position {pos}: fake id {fake} = V + {fake - vocab_size} → "
+        f"row {fake - vocab_size} + task {task} × {tvs} = prompt_table row {row}"
+    )
 
 
 def table_heatmap(prompt_table: torch.Tensor, highlight=(), ax=None, title: str = "prompt_table"):
@@ -274,8 +284,9 @@ def table_explorer(input_ids, prompt_table, tasks, task_vocab_size, vocab_size: 
     entries = lookup_rows(input_ids, tasks, task_vocab_size, vocab_size, table_rows=prompt_table.shape[0])
     if not len(entries):
         raise ValueError(f"the ids hold no fake prompt ids (>= {vocab_size}); replace the image spans first")
-    slider = widgets.IntSlider(value=0, min=0, max=len(entries) - 1, description="fake id #",
-                               layout=widgets.Layout(width="100%"))
+    slider = widgets.IntSlider(
+        value=0, min=0, max=len(entries) - 1, description="fake id #", layout=widgets.Layout(width="100%")
+    )
     info = widgets.HTML()
     out = widgets.Output()
 
@@ -348,8 +359,14 @@ def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: i
     with torch.inference_mode():
         input_vit = model.transformer.visual.encode([picture]).to(model.dtype)  # [1, 256, H]
     fake_ids, prompt_table, _, _ = single_table_batch(torch.tensor([ids]), input_vit, model.config.vocab_size)
-    [answer] = ask_batch(ModelAsRunner(model), None, tokenizer, [([picture], question)], input_vit=input_vit,
-                         max_new_tokens=max_new_tokens)
+    [answer] = ask_batch(
+        ModelAsRunner(model),
+        None,
+        tokenizer,
+        [([picture], question)],
+        input_vit=input_vit,
+        max_new_tokens=max_new_tokens,
+    )
     return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
 
 
@@ -380,8 +397,10 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
 
     def show_picture(_=None):
         try:
-            png, text = picture_png(current_picture()), html.escape(
-                f"uploaded: {upload.value[0]['name']}" if upload.value else f"sample: {choice.label}")
+            png, text = (
+                picture_png(current_picture()),
+                html.escape(f"uploaded: {upload.value[0]['name']}" if upload.value else f"sample: {choice.label}"),
+            )
         except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
             png, text = b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
         show_png(shown, png)
@@ -420,8 +439,16 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
     upload.observe(on_upload, names="value")
     choice.observe(on_choice, names="value")
     show_picture()
-    return widgets.VBox([widgets.HBox([choice, upload]), widgets.HBox([shown, source]), widgets.HBox([text, button]),
-                         answer, ids_view, table_out])
+    return widgets.VBox(
+        [
+            widgets.HBox([choice, upload]),
+            widgets.HBox([shown, source]),
+            widgets.HBox([text, button]),
+            answer,
+            ids_view,
+            table_out,
+        ]
+    )
 
 
 # The chat panel
@@ -452,8 +479,10 @@ def transcript_html(conversation) -> str:
         elements = to_list_format(query)
         pictures = ", ".join(html.escape(os.path.basename(e["image"])) for e in elements if "image" in e)
         question = "".join(e.get("text", "") for e in elements)
-        rows.append(f"<div><b>you:</b> {html.escape(question)}{f' <i>[{pictures}]</i>' if pictures else ''}</div>"
-                    f"<div><b>model:</b> {html.escape(answer)}</div>")
+        rows.append(
+            f"<div><b>you:</b> {html.escape(question)}{f' <i>[{pictures}]</i>' if pictures else ''}</div>"
+            f"<div><b>model:</b> {html.escape(answer)}</div>"
+        )
     return "".join(rows)
 
 

@@ -58,8 +58,14 @@ def tiny_engine(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint built into an engine directory (fp32; 8 requests of up to 2 pictures, 3 beams)."""
     from qwenvl_lab.engine import BuildConfig, build_engine
 
-    config = BuildConfig(max_batch_size=8, max_input_len=768, max_seq_len=800, max_prompt_embedding_table_size=256 * 2 * 8,
-                         dtype="float32", max_beam_width=3)
+    config = BuildConfig(
+        max_batch_size=8,
+        max_input_len=768,
+        max_seq_len=800,
+        max_prompt_embedding_table_size=256 * 2 * 8,
+        dtype="float32",
+        max_beam_width=3,
+    )
     return build_engine(tiny_checkpoint, tmp_path_factory.mktemp("tiny-engine"), config)
 
 

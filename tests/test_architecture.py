@@ -55,8 +55,9 @@ def imports_of(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name.removeprefix("qwenvl_lab.") for alias in node.names
-                      if alias.name.startswith("qwenvl_lab.")}
+            found |= {
+                alias.name.removeprefix("qwenvl_lab.") for alias in node.names if alias.name.startswith("qwenvl_lab.")
+            }
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))

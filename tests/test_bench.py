@@ -13,10 +13,13 @@ from qwenvl_lab.engine.layers import weight_bytes_per_token
 
 def test_tiny_benchmark_json(tmp_path, capsys):
     path = tmp_path / "out" / "bench.json"
-    report = bench.main(["--model", "tiny", "--batch", "2", "1", "--new-tokens", "24", "--repeats", "2", "--json", path])
+    report = bench.main(
+        ["--model", "tiny", "--batch", "2", "1", "--new-tokens", "24", "--repeats", "2", "--json", path]
+    )
     saved = json.loads(path.read_text())
-    assert saved["command"] == ("python -m qwenvl_lab.bench --model tiny --batch 2 1 --new-tokens 24 --repeats 2 "
-                                f"--json {path}")
+    assert saved["command"] == (
+        f"python -m qwenvl_lab.bench --model tiny --batch 2 1 --new-tokens 24 --repeats 2 --json {path}"
+    )
     assert saved["results"] == json.loads(json.dumps(report["results"]))
     assert {"cpu", "torch", "transformers"} <= saved["hardware"].keys()
     model, bw = saved["model"], saved["bandwidth"]
@@ -42,8 +45,11 @@ def test_tiny_benchmark_json(tmp_path, capsys):
 
 
 def test_weight_bytes_count_one_embedding_row():
-    weights = {"transformer.vocab_embedding.weight": torch.zeros(10, 4), "lm_head.weight": torch.zeros(10, 4),
-               "transformer.ln_f.weight": torch.zeros(4, dtype=torch.float16)}
+    weights = {
+        "transformer.vocab_embedding.weight": torch.zeros(10, 4),
+        "lm_head.weight": torch.zeros(10, 4),
+        "transformer.ln_f.weight": torch.zeros(4, dtype=torch.float16),
+    }
     assert weight_bytes_per_token(weights) == 4 * 4 + 10 * 4 * 4 + 4 * 2
 
 
@@ -78,8 +84,22 @@ def test_bad_options(tmp_path):
 
 @pytest.mark.slow
 def test_first_answers_are_timed_in_fresh_processes(tmp_path):
-    report = bench.main(["--model", "tiny", "--batch", "1", "--new-tokens", "8", "--repeats", "1", "--no-eager",
-                         "--first-answer", "--json", tmp_path / "b.json"])
+    report = bench.main(
+        [
+            "--model",
+            "tiny",
+            "--batch",
+            "1",
+            "--new-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--no-eager",
+            "--first-answer",
+            "--json",
+            tmp_path / "b.json",
+        ]
+    )
     times = json.loads((tmp_path / "b.json").read_text())["first_answer_s"]
     assert times == report["first_answer_s"] and set(times) == {"cold", "saved_choices"}
     assert all(t["load_s"] > 0 and t["first_answer_s"] > 0 for t in times.values())

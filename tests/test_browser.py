@@ -30,8 +30,16 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
 REQUIRED_ENV = "QWENVL_LAB_BROWSER_TEST"  # "required": missing tools fail the tests instead of skipping them
 # Headless Chromium on a closed network: without the background-networking flags its connections are refused
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # JupyterLab user settings: nothing is saved into the repository's notebooks; every cell is kept in the page
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
@@ -52,8 +60,9 @@ def missing_tools() -> list[str]:
     """What the browser tests need and this machine lacks, each with how to get it."""
     missing = []
     if importlib.util.find_spec("playwright") is None:
-        missing.append("Playwright for Python (pip install playwright; never `playwright install`: it drives Debian's "
-                       "chromium)")
+        missing.append(
+            "Playwright for Python (pip install playwright; never `playwright install`: it drives Debian's chromium)"
+        )
     if shutil.which("chromium") is None:
         missing.append("Chromium (as root: apt-get install chromium)")
     if importlib.util.find_spec("jupyterlab") is None:
@@ -87,8 +96,9 @@ class Lab:
 
     def api(self, method: str, path: str):
         """Call the server's REST API; the decoded JSON answer (None for an empty one)."""
-        request = urllib.request.Request(f"{self.url}{path}", method=method,
-                                         headers={"Authorization": f"token {self.token}"})
+        request = urllib.request.Request(
+            f"{self.url}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             body = response.read()
         return json.loads(body) if body else None
@@ -137,17 +147,28 @@ def lab(tmp_path_factory):
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(json.dumps(settings), encoding="utf-8")
     env = lab_environment(REPO)
-    env.update({
-        OUTPUT_ENV: str(home / "course-output"),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-    })
+    env.update(
+        {
+            OUTPUT_ENV: str(home / "course-output"),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
+            "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        }
+    )
     token, port = secrets.token_hex(16), free_port()
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={REPO}",
-               f"--IdentityProvider.token={token}", f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={REPO}",
+        f"--IdentityProvider.token={token}",
+        f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}",
+    ]
     if running_as_root():
         command.append("--allow-root")
     log = home / "jupyterlab.log"
@@ -157,8 +178,11 @@ def lab(tmp_path_factory):
 
     def answers():
         if process.poll() is not None:
-            pytest.fail(f"JupyterLab stopped (exit status {process.returncode}) before it answered; its log: "
-                        f"{log}\n{log.read_text(errors='replace')[-3000:]}", pytrace=False)
+            pytest.fail(
+                f"JupyterLab stopped (exit status {process.returncode}) before it answered; its log: "
+                f"{log}\n{log.read_text(errors='replace')[-3000:]}",
+                pytrace=False,
+            )
         try:
             return server.api("GET", "/api/status") is not None
         except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -183,8 +207,12 @@ def browser(tmp_path_factory):
 
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            tmp_path_factory.mktemp("chromium-profile"), executable_path=shutil.which("chromium"), headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000})
+            tmp_path_factory.mktemp("chromium-profile"),
+            executable_path=shutil.which("chromium"),
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         context.set_default_timeout(ACTION_MS)
         try:
             yield context
@@ -240,8 +268,11 @@ def open_notebook(page, lab: Lab, path: str) -> Notebook:
     cells = json.loads((REPO / path).read_text(encoding="utf-8"))["cells"]
     raises = frozenset(i for i, cell in enumerate(cells) if "raises-exception" in cell["metadata"].get("tags", []))
     notebook = Notebook(page, lab, path, raises)
-    wait_for(lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells), WIDGET_S,
-             f"all {len(cells)} cells of {path} in the page")
+    wait_for(
+        lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells),
+        WIDGET_S,
+        f"all {len(cells)} cells of {path} in the page",
+    )
     notebook.wait_idle(KERNEL_START_S, f"the kernel of {path} started and idle")
     return notebook
 
@@ -269,8 +300,10 @@ def run_all_cells(notebook: Notebook, timeout_s: float = RUN_ALL_S):
         ran = any(c["code"] and RAN.search(c["prompt"]) for c in cells)
         settled = settled + 1 if status == "idle" and not queued and ran else 0
         if time.monotonic() > deadline:
-            raise CourseProblem(f"Run All Cells did not finish within {timeout_s:g} s: kernel {status}, "
-                                f"{len(queued)} code cell(s) still queued")
+            raise CourseProblem(
+                f"Run All Cells did not finish within {timeout_s:g} s: kernel {status}, "
+                f"{len(queued)} code cell(s) still queued"
+            )
 
 
 OUTPUTS = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].flatMap((cell, index) =>
@@ -289,14 +322,19 @@ def output_problems(notebook: Notebook) -> dict[int, list[str]]:
     page, problems = notebook.page, {}
     for out in page.evaluate(OUTPUTS):
         text, found = out["text"], []
-        if out["mime"] == "application/vnd.jupyter.stderr" and out["index"] not in notebook.raises and (
-                "Traceback (most recent call last)" in text or ERROR_LINE.search(text)):
+        if (
+            out["mime"] == "application/vnd.jupyter.stderr"
+            and out["index"] not in notebook.raises
+            and ("Traceback (most recent call last)" in text or ERROR_LINE.search(text))
+        ):
             found.append("error output:\n" + text.strip()[-1500:])
         if "Error displaying widget" in text:
             found.append(f"a widget did not render: {text.strip()[:300]!r}")
         if out["errorWidget"]:
-            found.append("a part of a widget could not be displayed (JupyterLab shows an error box in its place; "
-                         "the browser console says why)")
+            found.append(
+                "a part of a widget could not be displayed (JupyterLab shows an error box in its place; "
+                "the browser console says why)"
+            )
         if out["mime"] == "text/plain" and WIDGET_REPR.search(text):
             found.append(f"a widget shows as its text repr, not as a widget: {text.strip()[:200]!r}")
         if "Loading widget..." in text:
@@ -363,8 +401,9 @@ def drive_token_viewer(notebook: Notebook, root):
     assert after != before, f"moving the slider to {readout} left the description at {before!r}"
     outlined = root.locator('span[style*="outline:2px solid"]')
     first, last = CHIP_RANGE.match(outlined.get_attribute("title")).groups()
-    assert int(first) <= position <= int(last or first), \
+    assert int(first) <= position <= int(last or first), (
         f"the outlined chip {outlined.get_attribute('title')!r} does not hold position {position}"
+    )
 
 
 def drive_table_explorer(notebook: Notebook, root):
@@ -376,8 +415,9 @@ def drive_table_explorer(notebook: Notebook, root):
     notebook.wait_idle(WIDGET_S, "the kernel done with the table explorer's slider")
     after, readout = info.inner_text().strip(), slider.locator(".widget-readout").inner_text().strip()
     assert LOOKUP.match(after), f"the table explorer describes {after!r}"
-    assert LOOKUP.match(after).group(4) != LOOKUP.match(before).group(4), \
+    assert LOOKUP.match(after).group(4) != LOOKUP.match(before).group(4), (
         f"moving the slider to fake id #{readout} left the row as it was: {before!r} → {after!r}"
+    )
     heat_map.wait_for()
     assert heat_map.get_attribute("src") != map_before, "the heat map was not drawn again for the new row"
 
@@ -427,10 +467,14 @@ def drive_chat_panel(notebook: Notebook, root):
 
 
 DRIVERS = {  # kind → (how to recognise it inside a widget's view, how to drive it)
-    "token viewer": (lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^position$")),
-                     drive_token_viewer),
-    "table explorer": (lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^fake id #$")),
-                       drive_table_explorer),
+    "token viewer": (
+        lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^position$")),
+        drive_token_viewer,
+    ),
+    "table explorer": (
+        lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^fake id #$")),
+        drive_table_explorer,
+    ),
     "ask panel": (lambda root: root.get_by_role("button", name="Ask", exact=True), drive_ask_panel),
     "chat panel": (lambda root: root.get_by_role("button", name="Send", exact=True), drive_chat_panel),
 }
@@ -439,7 +483,8 @@ DRIVERS = {  # kind → (how to recognise it inside a widget's view, how to driv
 def drive_widgets(notebook: Notebook) -> set[str]:
     """Drive each of the course's widgets the notebook shows, then check every output again; the kinds driven."""
     roots = notebook.page.locator(
-        ".jp-Cell-outputArea > .jp-OutputArea-child > .jp-OutputArea-output > .jupyter-widgets")
+        ".jp-Cell-outputArea > .jp-OutputArea-child > .jp-OutputArea-output > .jupyter-widgets"
+    )
     driven = set()
     for n in range(roots.count()):
         root = roots.nth(n)
@@ -476,8 +521,9 @@ def test_notebook_runs_in_the_browser_and_its_widgets_respond(notebook, lab, bro
         shot = screenshots / f"{notebook.stem}.png"
         page.screenshot(path=shot)
         errors = "".join(f"\n  {line[:300]}" for line in console[-10:])
-        failure = (f"{path}: {err}\nscreenshot: {shot}\nJupyterLab's log: {lab.log}"
-                   + (f"\nbrowser console errors:{errors}" if errors else ""))
+        failure = f"{path}: {err}\nscreenshot: {shot}\nJupyterLab's log: {lab.log}" + (
+            f"\nbrowser console errors:{errors}" if errors else ""
+        )
     finally:
         page.close()
         lab.shut_down_kernels()

@@ -53,8 +53,9 @@ def test_a_second_turn_reuses_the_first_pictures_features(toy):
 def test_streamed_answer_equals_the_one_shot_answer_token_for_token(toy):
     runner, tower, tokenizer = toy
     for question in ("图片里是什么？", "What is in the picture?"):
-        pieces = list(Conversation(runner, tower, tokenizer, settings=GREEDY).stream(question,
-                                                                                   [IMAGES / "three_shapes.png"]))
+        pieces = list(
+            Conversation(runner, tower, tokenizer, settings=GREEDY).stream(question, [IMAGES / "three_shapes.png"])
+        )
         one_shot, _ = chat.ask(runner, tower, tokenizer, [IMAGES / "three_shapes.png"], question, max_new_tokens=16)
         assert len(pieces) > 1 and "".join(pieces) == one_shot  # text arrives in pieces, and adds up
 
@@ -71,8 +72,9 @@ def test_text_stream_keeps_characters_whole(tokenizer):
 
 def test_stop_strings_end_the_answer_and_are_never_shown(toy):
     runner, tower, tokenizer = toy
-    full = Conversation(runner, tower, tokenizer, settings=GREEDY).ask("What is in the picture?",
-                                                                       [IMAGES / "three_shapes.png"])
+    full = Conversation(runner, tower, tokenizer, settings=GREEDY).ask(
+        "What is in the picture?", [IMAGES / "three_shapes.png"]
+    )
     word = full.split()[2]  # a word in the middle of the answer
     talk = Conversation(runner, tower, tokenizer, settings=GenerationSettings(max_new_tokens=16, stop=(word,)))
     pieces = list(talk.stream("What is in the picture?", [IMAGES / "three_shapes.png"]))
@@ -119,8 +121,19 @@ def test_the_engine_directory_keeps_the_checkpoints_generation_config(toy):
 def test_sampled_answers_follow_the_seed_and_can_differ(toy):
     runner, tower, tokenizer = toy
     settings = GenerationSettings(max_new_tokens=8, do_sample=True, temperature=3.0)
-    answers = [chat.ask(runner, tower, tokenizer, [IMAGES / "red_circle.png"], "What is in the picture?",
-                        max_new_tokens=8, **settings.sampling(), random_seed=seed)[0] for seed in (1, 1, 2, 3, 4)]
+    answers = [
+        chat.ask(
+            runner,
+            tower,
+            tokenizer,
+            [IMAGES / "red_circle.png"],
+            "What is in the picture?",
+            max_new_tokens=8,
+            **settings.sampling(),
+            random_seed=seed,
+        )[0]
+        for seed in (1, 1, 2, 3, 4)
+    ]
     assert answers[0] == answers[1] and len(set(answers)) > 1
 
 

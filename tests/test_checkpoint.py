@@ -9,22 +9,57 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qwenvl_lab.checkpoint import (
-    TINY_CONFIG, CheckpointError, load_checkpoint, load_config, make_tiny_checkpoint, read_state_dict,
+    TINY_CONFIG,
+    CheckpointError,
+    load_checkpoint,
+    load_config,
+    make_tiny_checkpoint,
+    read_state_dict,
     save_checkpoint,
 )
 from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 from qwenvl_lab.tokenizing import load_tokenizer
 
 INDEX = "model.safetensors.index.json"
-LAYER_KEYS = ["ln_1.weight", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "ln_2.weight",
-              "mlp.w1.weight", "mlp.w2.weight", "mlp.c_proj.weight"]
-VISUAL_BLOCK_KEYS = [f"{m}.{p}" for m in ("ln_1", "attn.in_proj", "attn.out_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
-                     for p in ("weight", "bias")]
-VISUAL_KEYS = ["conv1.weight", "positional_embedding", "ln_pre.weight", "ln_pre.bias", "ln_post.weight",
-               "ln_post.bias", "proj"] + [f"attn_pool.{k}" for k in (
-                   "query", "pos_embed", "kv_proj.weight", "attn.in_proj_weight", "attn.in_proj_bias",
-                   "attn.out_proj.weight", "attn.out_proj.bias", "ln_q.weight", "ln_q.bias", "ln_kv.weight",
-                   "ln_kv.bias")]
+LAYER_KEYS = [
+    "ln_1.weight",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "ln_2.weight",
+    "mlp.w1.weight",
+    "mlp.w2.weight",
+    "mlp.c_proj.weight",
+]
+VISUAL_BLOCK_KEYS = [
+    f"{m}.{p}"
+    for m in ("ln_1", "attn.in_proj", "attn.out_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    for p in ("weight", "bias")
+]
+VISUAL_KEYS = [
+    "conv1.weight",
+    "positional_embedding",
+    "ln_pre.weight",
+    "ln_pre.bias",
+    "ln_post.weight",
+    "ln_post.bias",
+    "proj",
+] + [
+    f"attn_pool.{k}"
+    for k in (
+        "query",
+        "pos_embed",
+        "kv_proj.weight",
+        "attn.in_proj_weight",
+        "attn.in_proj_bias",
+        "attn.out_proj.weight",
+        "attn.out_proj.bias",
+        "ln_q.weight",
+        "ln_q.bias",
+        "ln_kv.weight",
+        "ln_kv.bias",
+    )
+]
 
 
 def reference_key_names(layers: int, visual_layers: int) -> set[str]:
@@ -32,7 +67,9 @@ def reference_key_names(layers: int, visual_layers: int) -> set[str]:
     keys = {"transformer.wte.weight", "transformer.ln_f.weight", "lm_head.weight"}
     keys |= {f"transformer.h.{layer}.{k}" for layer in range(layers) for k in LAYER_KEYS}
     keys |= {f"transformer.visual.{k}" for k in VISUAL_KEYS}
-    keys |= {f"transformer.visual.transformer.resblocks.{j}.{k}" for j in range(visual_layers) for k in VISUAL_BLOCK_KEYS}
+    keys |= {
+        f"transformer.visual.transformer.resblocks.{j}.{k}" for j in range(visual_layers) for k in VISUAL_BLOCK_KEYS
+    }
     return keys
 
 
@@ -74,11 +111,18 @@ def test_load_checkpoint_equals_from_pretrained(tiny_checkpoint, tiny_model):
 
 def test_tiny_checkpoint_has_the_qwen_vl_chat_key_names(tiny_checkpoint):
     state = read_state_dict(tiny_checkpoint)
-    for key in ["transformer.visual.attn_pool.attn.in_proj_weight",
-                "transformer.visual.transformer.resblocks.0.attn.in_proj.weight",
-                "transformer.h.0.mlp.w2.weight", "lm_head.weight", "transformer.wte.weight",
-                "transformer.h.1.attn.c_attn.bias", "transformer.visual.attn_pool.pos_embed",
-                "transformer.visual.positional_embedding", "transformer.visual.proj", "transformer.ln_f.weight"]:
+    for key in [
+        "transformer.visual.attn_pool.attn.in_proj_weight",
+        "transformer.visual.transformer.resblocks.0.attn.in_proj.weight",
+        "transformer.h.0.mlp.w2.weight",
+        "lm_head.weight",
+        "transformer.wte.weight",
+        "transformer.h.1.attn.c_attn.bias",
+        "transformer.visual.attn_pool.pos_embed",
+        "transformer.visual.positional_embedding",
+        "transformer.visual.proj",
+        "transformer.ln_f.weight",
+    ]:
         assert key in state, key
     assert set(state) == reference_key_names(2, 2)
     assert not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])  # untied
@@ -114,10 +158,28 @@ def test_tiny_checkpoint_files(tiny_checkpoint):
     assert config.vocab_size == 151936 and config.visual["image_start_id"] == 151857
     assert len(load_tokenizer(tiny_checkpoint)) == 151860  # its qwen.tiktoken is the real vocabulary
     generation = json.loads((tiny_checkpoint / "generation_config.json").read_text())
-    assert {k: generation[k] for k in ("chat_format", "eos_token_id", "pad_token_id", "max_window_size",
-                                       "max_new_tokens", "do_sample", "top_k", "top_p")} == dict(
-        chat_format="chatml", eos_token_id=151643, pad_token_id=151643, max_window_size=6144, max_new_tokens=512,
-        do_sample=True, top_k=0, top_p=0.3)
+    assert {
+        k: generation[k]
+        for k in (
+            "chat_format",
+            "eos_token_id",
+            "pad_token_id",
+            "max_window_size",
+            "max_new_tokens",
+            "do_sample",
+            "top_k",
+            "top_p",
+        )
+    } == dict(
+        chat_format="chatml",
+        eos_token_id=151643,
+        pad_token_id=151643,
+        max_window_size=6144,
+        max_new_tokens=512,
+        do_sample=True,
+        top_k=0,
+        top_p=0.3,
+    )
 
 
 def test_make_tiny_checkpoint_without_vocab(small_checkpoint, tmp_path, monkeypatch):
@@ -152,7 +214,9 @@ def test_deleted_key(damaged):
 def test_mis_shaped_tensor(damaged):
     key = "transformer.visual.attn_pool.query"
     edit_shard(damaged, key, lambda t: t.update({key: torch.zeros(100, 128)}))
-    with pytest.raises(CheckpointError, match=r"mis-shaped: .*attn_pool.query: expected \(256, 128\), found \(100, 128\)"):
+    with pytest.raises(
+        CheckpointError, match=r"mis-shaped: .*attn_pool.query: expected \(256, 128\), found \(100, 128\)"
+    ):
         load_checkpoint(damaged)
 
 
@@ -211,8 +275,15 @@ def test_directory_without_config_or_weights(damaged, tmp_path):
 
 def test_config_with_the_original_files_extra_fields(damaged):
     config = json.loads((damaged / "config.json").read_text())
-    config.update(auto_map={"AutoConfig": "configuration_qwen.QWenConfig"}, use_flash_attn="auto", bf16=False,
-                  fp16=False, fp32=False, tokenizer_type="QWenTokenizer", transformers_version="4.31.0")
+    config.update(
+        auto_map={"AutoConfig": "configuration_qwen.QWenConfig"},
+        use_flash_attn="auto",
+        bf16=False,
+        fp16=False,
+        fp32=False,
+        tokenizer_type="QWenTokenizer",
+        transformers_version="4.31.0",
+    )
     (damaged / "config.json").write_text(json.dumps(config))
     assert load_checkpoint(damaged).config.visual == TINY_CONFIG["visual"]
 
@@ -223,14 +294,21 @@ def edit_json(path, edit) -> None:
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("key, value, match", [
-    ("hidden_size", "128", r"config.json has a value of the wrong type: hidden_size must be an int, got str '128'"),
-    ("visual.heads", "2", r"config.json has a value of the wrong type: visual.heads must be an int, got str '2'"),
-    ("layer_norm_epsilon", 0, r"config.json has a value a Qwen-VL model cannot use: layer_norm_epsilon must be a finite"),
-    ("rotary_emb_base", -1, r"config.json has a value a Qwen-VL model cannot use: rotary_emb_base must be"),
-    ("visual", "abc", r"config.json has a value of the wrong type: visual must be a dict"),
-    ("id2label", 5, r"config.json has a value a Qwen-VL model cannot use"),  # a transformers field
-])
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("hidden_size", "128", r"config.json has a value of the wrong type: hidden_size must be an int, got str '128'"),
+        ("visual.heads", "2", r"config.json has a value of the wrong type: visual.heads must be an int, got str '2'"),
+        (
+            "layer_norm_epsilon",
+            0,
+            r"config.json has a value a Qwen-VL model cannot use: layer_norm_epsilon must be a finite",
+        ),
+        ("rotary_emb_base", -1, r"config.json has a value a Qwen-VL model cannot use: rotary_emb_base must be"),
+        ("visual", "abc", r"config.json has a value of the wrong type: visual must be a dict"),
+        ("id2label", 5, r"config.json has a value a Qwen-VL model cannot use"),  # a transformers field
+    ],
+)
 def test_config_values_are_checked_with_the_file_named(damaged, key, value, match):
     def edit(config):
         *parents, last = key.split(".")
@@ -247,7 +325,9 @@ def test_config_values_are_checked_with_the_file_named(damaged, key, value, matc
 @pytest.mark.parametrize("content", [b'{"hidden_size": 128,', b"\xff\xfe not text", b"[" * 100_000])
 def test_invalid_json_names_the_file(damaged, name, content):
     (damaged / name).write_bytes(content)
-    with pytest.raises(CheckpointError, match=f"{damaged / name} is not valid JSON .*re-download the file or repair it"):
+    with pytest.raises(
+        CheckpointError, match=f"{damaged / name} is not valid JSON .*re-download the file or repair it"
+    ):
         load_checkpoint(damaged)
 
 
@@ -308,6 +388,7 @@ def test_non_finite_weight_is_named_by_its_key(damaged, value):
 @pytest.fixture
 def nothing_opened(monkeypatch):
     """Fail the test if a weight file is opened."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"a weight file was opened: {args}")
 
@@ -315,8 +396,9 @@ def nothing_opened(monkeypatch):
     monkeypatch.setattr("qwenvl_lab.checkpoint.torch.load", refuse)
 
 
-@pytest.mark.parametrize("escape", ["/etc/passwd", "../outside.safetensors", "sub/../../outside.safetensors",
-                                    "absolute", "symlink", "", 5])
+@pytest.mark.parametrize(
+    "escape", ["/etc/passwd", "../outside.safetensors", "sub/../../outside.safetensors", "absolute", "symlink", "", 5]
+)
 def test_index_paths_outside_the_directory_are_refused(damaged, nothing_opened, escape):
     outside = damaged.parent / "outside.safetensors"
     shard = shard_of(damaged, "lm_head.weight")

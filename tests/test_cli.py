@@ -12,8 +12,10 @@ IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
 
 def test_help_lists_every_subcommand_without_loading_torch():
-    code = ("import sys\nfrom qwenvl_lab.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('torch loaded:', 'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom qwenvl_lab.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch loaded:', 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert all(name in done.stdout for name in cli.SUBCOMMANDS)
     assert done.stdout.strip().endswith("torch loaded: False")
@@ -27,8 +29,20 @@ def test_each_subcommand_has_help(name, capsys):
 
 
 def test_ask_answers_about_a_picture(capsys):
-    assert cli.main(["ask", "--image", str(IMAGES / "red_circle.png"), "--question", "What is in the picture?",
-                     "--max-new-tokens", "8"]) == 0
+    assert (
+        cli.main(
+            [
+                "ask",
+                "--image",
+                str(IMAGES / "red_circle.png"),
+                "--question",
+                "What is in the picture?",
+                "--max-new-tokens",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip() == "A red circle."
     with pytest.raises(SystemExit):
         cli.main(["ask", "--image", "nowhere.png"])
@@ -44,11 +58,22 @@ def test_build_writes_an_engine_and_refuses_to_overwrite_it_unasked(tmp_path, ca
 
 
 def test_chat_streams_answers_and_keeps_the_conversation(toy_chat, tmp_path):
-    lines = iter(["/image " + str(IMAGES / "red_circle.png"), "What is in the picture?", "How many shapes are there?",
-                  "/image nowhere.png", "/clear", "/quit"])
+    lines = iter(
+        [
+            "/image " + str(IMAGES / "red_circle.png"),
+            "What is in the picture?",
+            "How many shapes are there?",
+            "/image nowhere.png",
+            "/clear",
+            "/quit",
+        ]
+    )
     out = []
-    status = cli.chat_main(["--engine", str(toy_chat[0].engine_dir), "--boxes", str(tmp_path)],
-                           read=lambda prompt: next(lines), write=lambda *a, **k: out.append("".join(map(str, a))))
+    status = cli.chat_main(
+        ["--engine", str(toy_chat[0].engine_dir), "--boxes", str(tmp_path)],
+        read=lambda prompt: next(lines),
+        write=lambda *a, **k: out.append("".join(map(str, a))),
+    )
     text = "".join(out)
     assert status == 0 and "A red circle." in text and "One." in text
     assert "no picture file at 'nowhere.png'" in text and "conversation cleared" in text

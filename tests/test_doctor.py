@@ -149,8 +149,9 @@ def test_a_failed_check_sets_the_exit_status_and_prints_its_fix(monkeypatch, cap
 @pytest.mark.slow
 def test_command_line_exits_non_zero_when_the_model_is_missing(tmp_path):
     env = {**os.environ, toy.CHECKPOINT_ENV: str(tmp_path / "missing"), resources.OUTPUT_ENV: str(tmp_path / "out")}
-    result = subprocess.run([sys.executable, "-m", "qwenvl_lab.doctor"], env=env, capture_output=True, text=True,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "qwenvl_lab.doctor"], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert any(line.startswith("fail  model") for line in lines)

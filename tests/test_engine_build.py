@@ -15,16 +15,19 @@ from qwenvl_lab.engine.build import ENGINE_VERSION
 from qwenvl_lab.layout import to_trtllm_names
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_batch_size": 0}, "max_batch_size must be a positive int"),
-    ({"max_input_len": True}, "max_input_len must be a positive int"),
-    ({"max_beam_width": 1.5}, "max_beam_width must be a positive int"),
-    ({"max_prompt_embedding_table_size": -256}, "max_prompt_embedding_table_size must be an int >= 0"),
-    ({"max_input_len": 600, "max_seq_len": 500}, "max_input_len 600 exceeds max_seq_len 500"),
-    ({"max_prompt_embedding_table_size": 100}, "100 rows cannot hold one image \\(256 rows\\)"),
-    ({"max_input_len": 200, "max_prompt_embedding_table_size": 256}, "cannot hold one image span \\(258 ids"),
-    ({"dtype": "float64"}, "dtype must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be a positive int"),
+        ({"max_input_len": True}, "max_input_len must be a positive int"),
+        ({"max_beam_width": 1.5}, "max_beam_width must be a positive int"),
+        ({"max_prompt_embedding_table_size": -256}, "max_prompt_embedding_table_size must be an int >= 0"),
+        ({"max_input_len": 600, "max_seq_len": 500}, "max_input_len 600 exceeds max_seq_len 500"),
+        ({"max_prompt_embedding_table_size": 100}, "100 rows cannot hold one image \\(256 rows\\)"),
+        ({"max_input_len": 200, "max_prompt_embedding_table_size": 256}, "cannot hold one image span \\(258 ids"),
+        ({"dtype": "float64"}, "dtype must be one of"),
+    ],
+)
 def test_build_config_rejects_impossible_limits(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BuildConfig(**kwargs)
@@ -53,8 +56,9 @@ def test_engine_directory_layout(tiny_checkpoint, tiny_engine):
 
 
 def test_engine_weights_are_in_the_engine_dtype(tiny_checkpoint, tmp_path):
-    engine_dir = build_engine(tiny_checkpoint, tmp_path / "fp16", BuildConfig(max_input_len=64, max_seq_len=64,
-                                                                              dtype="float16"))
+    engine_dir = build_engine(
+        tiny_checkpoint, tmp_path / "fp16", BuildConfig(max_input_len=64, max_seq_len=64, dtype="float16")
+    )
     llm = load_file(str(engine_dir / "llm" / "rank0.safetensors"))
     state = to_trtllm_names(read_state_dict(tiny_checkpoint))
     assert all(t.dtype == torch.float16 and torch.equal(t, state[k].half()) for k, t in llm.items())
@@ -67,7 +71,9 @@ def test_engine_weights_are_in_the_engine_dtype(tiny_checkpoint, tmp_path):
 def test_vision_part_encodes_like_the_model(tiny_engine, tiny_model, image_files):
     pictures = [image_files["red"], image_files["noise"]]
     with torch.inference_mode():
-        assert torch.equal(load_engine_vision_tower(tiny_engine).encode(pictures), tiny_model.transformer.visual.encode(pictures))
+        assert torch.equal(
+            load_engine_vision_tower(tiny_engine).encode(pictures), tiny_model.transformer.visual.encode(pictures)
+        )
 
 
 def test_limits_that_do_not_fit_the_model(tiny_checkpoint, tmp_path):
@@ -102,18 +108,32 @@ def copy_of(engine_dir, tmp_path):
     return Path(shutil.copytree(engine_dir, tmp_path / "copy"))
 
 
-@pytest.mark.parametrize("damage, match", [
-    (lambda e: (e / "manifest.json").unlink(), "no manifest.json"),
-    (lambda e: (e / "llm" / "rank0.safetensors").unlink(), "rank0.safetensors is missing"),
-    (lambda e: (e / "vision" / "model.safetensors").write_bytes(
-        (e / "vision" / "model.safetensors").read_bytes()[:-100]), "model.safetensors has .* bytes, the build wrote"),
-    (lambda e: (e / "llm" / "config.json").write_text((e / "llm" / "config.json").read_text().replace(
-        '"hidden_size": 128', '"hidden_size": 256')), "llm/config.json was changed after the build"),
-    (lambda e: (e / "config.json").write_text(json.dumps({**json.loads((e / "config.json").read_text()),
-                                                          "build_config": {"max_batch_size": 2}})),
-     "build_config differs from the one the engine was built with"),
-    (lambda e: (e / "manifest.json").write_text("[]"), "must hold a JSON object"),
-])
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda e: (e / "manifest.json").unlink(), "no manifest.json"),
+        (lambda e: (e / "llm" / "rank0.safetensors").unlink(), "rank0.safetensors is missing"),
+        (
+            lambda e: (e / "vision" / "model.safetensors").write_bytes(
+                (e / "vision" / "model.safetensors").read_bytes()[:-100]
+            ),
+            "model.safetensors has .* bytes, the build wrote",
+        ),
+        (
+            lambda e: (e / "llm" / "config.json").write_text(
+                (e / "llm" / "config.json").read_text().replace('"hidden_size": 128', '"hidden_size": 256')
+            ),
+            "llm/config.json was changed after the build",
+        ),
+        (
+            lambda e: (e / "config.json").write_text(
+                json.dumps({**json.loads((e / "config.json").read_text()), "build_config": {"max_batch_size": 2}})
+            ),
+            "build_config differs from the one the engine was built with",
+        ),
+        (lambda e: (e / "manifest.json").write_text("[]"), "must hold a JSON object"),
+    ],
+)
 def test_an_incomplete_or_changed_engine_is_refused(tiny_engine, tmp_path, damage, match):
     engine = copy_of(tiny_engine, tmp_path)
     ModelRunner.from_dir(engine)  # intact: loads
@@ -168,8 +188,12 @@ def test_a_failed_build_leaves_the_previous_engine_as_it_was(tiny_checkpoint, tm
 
     monkeypatch.setattr(build_module, "load_visual_tower", fail)  # after llm/ was written
     with pytest.raises(RuntimeError, match="half-way"):
-        build_engine(tiny_checkpoint, engine, BuildConfig(max_batch_size=2, max_input_len=300, max_seq_len=320,
-                                                          max_prompt_embedding_table_size=512), overwrite=True)
+        build_engine(
+            tiny_checkpoint,
+            engine,
+            BuildConfig(max_batch_size=2, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=512),
+            overwrite=True,
+        )
     assert {p.relative_to(engine): p.read_bytes() for p in engine.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # the half-written copy is gone
     assert load_engine_config(engine)[0] == SMALL

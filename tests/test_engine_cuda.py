@@ -12,10 +12,15 @@ from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"
+    ),
 ]
-PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30]),
-           torch.arange(100, 170)]
+PROMPTS = [
+    torch.tensor([151644, 8948, 198, 2610, 525]),
+    torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30]),
+    torch.arange(100, 170),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +53,9 @@ def test_cuda_graphs_give_the_cpu_engines_tokens(engine_dir, backend):
 
 
 def test_fp16_engine_logits_close_to_eager_fp16(checkpoint, tmp_path):
-    engine_dir = build_engine(checkpoint, tmp_path / "fp16", BuildConfig(max_input_len=128, max_seq_len=192,
-                                                                              dtype="float16"))
+    engine_dir = build_engine(
+        checkpoint, tmp_path / "fp16", BuildConfig(max_input_len=128, max_seq_len=192, dtype="float16")
+    )
     runner = ModelRunner.from_dir(engine_dir, device="cuda")
     model = load_checkpoint(checkpoint, dtype=torch.float16, device="cuda")
     ids = PROMPTS[2].cuda()
@@ -63,8 +69,23 @@ def test_fp16_engine_logits_close_to_eager_fp16(checkpoint, tmp_path):
 
 def test_bench_on_cuda(tmp_path):
     """The benchmark end to end on the GPU (64 new tokens: enough that a run takes clearly longer than one token)."""
-    report = bench.main(["--model", "tiny", "--device", "cuda", "--batch", "1", "2", "--new-tokens", "64",
-                         "--repeats", "3", "--json", tmp_path / "b.json"])
+    report = bench.main(
+        [
+            "--model",
+            "tiny",
+            "--device",
+            "cuda",
+            "--batch",
+            "1",
+            "2",
+            "--new-tokens",
+            "64",
+            "--repeats",
+            "3",
+            "--json",
+            tmp_path / "b.json",
+        ]
+    )
     assert report["settings"]["cuda_graphs"] and report["settings"]["decode_backend"] == "triton"
     assert report["hardware"]["gpu"] and all(r["decode_tokens_per_s"] > 0 for r in report["results"])
 
@@ -82,5 +103,7 @@ def test_warm_up_saves_the_tuned_choices_and_a_second_load_reuses_them(engine_di
     monkeypatch.setattr(triton_linear._tuned, "cache", {})
     second = ModelRunner.from_dir(engine_dir, device="cuda", warm_up=False)
     assert triton_linear.tuned_choices() == tuned[first.decode_step.tuning_key()]  # loaded, nothing timed
-    assert torch.equal(second.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
-                       first.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0))
+    assert torch.equal(
+        second.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
+        first.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
+    )

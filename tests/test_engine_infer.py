@@ -18,9 +18,15 @@ def original_answer(model, tokenizer, query, history):
     """Qwen-VL's own way: the model reads the pictures from the paths in the ids, then greedy decoding."""
     ids = torch.tensor([make_context(tokenizer, query, history=history)[1]])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                             eos_token_id=IM_END_ID, pad_token_id=IM_END_ID)
-    return tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=IM_END_ID,
+            pad_token_id=IM_END_ID,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 
 def test_answers_like_the_original_model_with_history(infer, tiny_model, tokenizer, image_files):
@@ -30,8 +36,9 @@ def test_answers_like_the_original_model_with_history(infer, tiny_model, tokeniz
     assert response == original_answer(tiny_model, tokenizer, query, [])
     assert history == [(query, response)]
     # second turn: a new picture; the history's picture stays in the context (two image spans in all)
-    second, history2 = infer.qwen_infer([str(image_files["gradient"])], "And this one?", history=history,
-                                        max_new_tokens=NEW_TOKENS)
+    second, history2 = infer.qwen_infer(
+        [str(image_files["gradient"])], "And this one?", history=history, max_new_tokens=NEW_TOKENS
+    )
     query2 = tokenizer.from_list_format([{"image": str(image_files["gradient"])}, {"text": "And this one?"}])
     assert second == original_answer(tiny_model, tokenizer, query2, history)
     assert len(history2) == 2 and history2[0] == history[0]
@@ -43,12 +50,20 @@ def test_beam_search_answer(infer, tiny_model, tokenizer, image_files):
     runner = ModelRunner.from_dir(infer.runner.engine_dir)
     beams = QWenInfer(runner, infer.vision, tokenizer)
     response, _ = beams.qwen_infer([str(image_files["red"])], "Hi", max_new_tokens=NEW_TOKENS, num_beams=3)
-    ids = torch.tensor([make_context(tokenizer, tokenizer.from_list_format([{"image": str(image_files["red"])},
-                                                                            {"text": "Hi"}]))[1]])
+    ids = torch.tensor(
+        [make_context(tokenizer, tokenizer.from_list_format([{"image": str(image_files["red"])}, {"text": "Hi"}]))[1]]
+    )
     with torch.inference_mode():
-        out = tiny_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, num_beams=3,
-                                  do_sample=False, eos_token_id=IM_END_ID, pad_token_id=IM_END_ID)
-    assert response == tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+        out = tiny_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            num_beams=3,
+            do_sample=False,
+            eos_token_id=IM_END_ID,
+            pad_token_id=IM_END_ID,
+        )
+    assert response == tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 
 def test_needs_a_vision_part(tiny_model):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, generate_for_qwenvl
-from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, MODEL_VOCAB_SIZE as V
+from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID
+from qwenvl_lab.tokenizing import MODEL_VOCAB_SIZE as V
 
 H = 128  # the tiny checkpoint's hidden size
 
@@ -39,8 +40,9 @@ def test_prompt_longer_than_max_input_len(runner):
 
 
 def test_prompt_plus_new_tokens_longer_than_max_seq_len(runner):
-    with pytest.raises(ValueError, match="290 input ids \\+ max_new_tokens 40 exceed the engine's max_seq_len 320; "
-                                         "ask for at most 30"):
+    with pytest.raises(
+        ValueError, match="290 input ids \\+ max_new_tokens 40 exceed the engine's max_seq_len 320; ask for at most 30"
+    ):
         runner.generate([torch.ones(290, dtype=torch.long)], max_new_tokens=40)
 
 
@@ -76,7 +78,9 @@ def test_engine_without_table_size_refuses_pictures(text_only):
 
 
 def test_fake_ids_and_path_spans_need_a_table(runner):
-    with pytest.raises(ValueError, match="request 0 holds id 151936 at position 4, past the vocabulary .* needs a prompt_table"):
+    with pytest.raises(
+        ValueError, match="request 0 holds id 151936 at position 4, past the vocabulary .* needs a prompt_table"
+    ):
         runner.generate([image_request()], max_new_tokens=2)
     path_span = torch.tensor([1, IMAGE_START_ID, *b"a.png", *[IMAGE_PAD_ID] * 251, IMAGE_END_ID])
     with pytest.raises(ValueError, match="image span with the picture's path, which only the original model reads"):
@@ -84,23 +88,29 @@ def test_fake_ids_and_path_spans_need_a_table(runner):
 
 
 def test_fake_ids_outside_their_table(runner):
-    with pytest.raises(ValueError, match=r"id 152192 at position 259 reads prompt-table row 256, but the table has 256 rows"):
+    with pytest.raises(
+        ValueError, match=r"id 152192 at position 259 reads prompt-table row 256, but the table has 256 rows"
+    ):
         runner.generate([image_request(V + 1)], prompt_table=torch.zeros(256, H), max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt_tasks \\[0, 2\\] must each name one of the 2 tables"):
-        runner.generate([image_request()] * 2, prompt_table=torch.zeros(2, 256, H), prompt_tasks="0,2", max_new_tokens=2)
+        runner.generate(
+            [image_request()] * 2, prompt_table=torch.zeros(2, 256, H), prompt_tasks="0,2", max_new_tokens=2
+        )
     with pytest.raises(ValueError, match="1 prompt_tasks for 2 requests"):
         runner.generate([image_request()] * 2, prompt_table=torch.zeros(2, 256, H), prompt_tasks="0", max_new_tokens=2)
 
 
 def test_bad_generation_settings(runner):
     ids = [torch.tensor([1, 2])]
-    for kwargs, match in [({"num_beams": 2}, "num_beams 2 is outside 1…1, the engine's max_beam_width"),
-                          ({"max_new_tokens": 0}, "max_new_tokens must be a positive int"),
-                          ({"end_id": V}, "end_id must be an int in \\[-1, 151936\\)"),
-                          ({"pad_id": -1}, "pad_id must be an int in \\[0, 151936\\)"),
-                          ({"temperature": 0.0}, "temperature must be a number > 0"),
-                          ({"top_k": -1}, "top_k must be an int >= 0"),
-                          ({"top_p": 1.5}, "top_p must be a number in \\[0, 1\\]")]:
+    for kwargs, match in [
+        ({"num_beams": 2}, "num_beams 2 is outside 1…1, the engine's max_beam_width"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be a positive int"),
+        ({"end_id": V}, "end_id must be an int in \\[-1, 151936\\)"),
+        ({"pad_id": -1}, "pad_id must be an int in \\[0, 151936\\)"),
+        ({"temperature": 0.0}, "temperature must be a number > 0"),
+        ({"top_k": -1}, "top_k must be an int >= 0"),
+        ({"top_p": 1.5}, "top_p must be a number in \\[0, 1\\]"),
+    ]:
         with pytest.raises(ValueError, match=match):
             runner.generate(ids, **{"max_new_tokens": 2, **kwargs})
     with pytest.raises(ValueError, match="non-empty 1-D tensor of token ids"):

@@ -31,11 +31,13 @@ def test_numba_step_gives_the_pytorch_steps_logits_and_cache_entries(tiny_engine
     with torch.inference_mode():
         for token, at, kv_len in ((5, 17, 18), (9, 18, 19), (151643, 19, 64)):  # the last: a bucket past the row
             logits = kernel.decode_step(torch.tensor([token]), torch.tensor([at]), kv_len)
-            torch.testing.assert_close(logits, ops.decode_step(torch.tensor([token]), torch.tensor([at]), kv_len),
-                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                logits, ops.decode_step(torch.tensor([token]), torch.tensor([at]), kv_len), atol=1e-4, rtol=1e-4
+            )
             assert logits.shape == (1, kernel.vocab_size) and logits.dtype == torch.float32
-            torch.testing.assert_close(a.kv_cache[:, :, 0, :, : at + 1], b.kv_cache[:, :, 0, :, : at + 1],
-                                       atol=1e-5, rtol=1e-5)  # this step's key and value written at `at`
+            torch.testing.assert_close(
+                a.kv_cache[:, :, 0, :, : at + 1], b.kv_cache[:, :, 0, :, : at + 1], atol=1e-5, rtol=1e-5
+            )  # this step's key and value written at `at`
     assert torch.equal(a.kv_cache[:, :, 1:], b.kv_cache[:, :, 1:])  # other rows untouched
 
 
@@ -69,8 +71,11 @@ def test_layers_read_the_kernels_stacked_weights(tiny_engine):
 def test_numba_is_the_default_for_float32_on_a_cpu_only(tiny_checkpoint, tiny_engine, tmp_path):
     assert ModelRunner.from_dir(tiny_engine).decode_backend == "numba"
     assert "decode_backend='numba'" in repr(ModelRunner.from_dir(tiny_engine))
-    bf16 = build_engine(tiny_checkpoint, tmp_path / "bf16", BuildConfig(max_batch_size=1, max_input_len=32,
-                                                                       max_seq_len=48, dtype="bfloat16"))
+    bf16 = build_engine(
+        tiny_checkpoint,
+        tmp_path / "bf16",
+        BuildConfig(max_batch_size=1, max_input_len=32, max_seq_len=48, dtype="bfloat16"),
+    )
     assert ModelRunner.from_dir(bf16).decode_backend == "torch"
     with pytest.raises(ValueError, match='float32 engines on a CPU, not torch.bfloat16.*decode_backend="auto"'):
         ModelRunner.from_dir(bf16, decode_backend="numba")

@@ -16,8 +16,16 @@ from qwenvl_lab.tokenizing import ENDOFTEXT_ID, make_context
 from qwenvl_lab.toy import TOY_DIR
 
 NEW_TOKENS = 6
-QUESTIONS = ["Hi", "What is in the picture?", "Compare the two pictures, please, in detail.", "How many?",
-             "图片里是什么？", "Which picture shows more shapes, and what colour are they?", "Describe it.", "Count them"]
+QUESTIONS = [
+    "Hi",
+    "What is in the picture?",
+    "Compare the two pictures, please, in detail.",
+    "How many?",
+    "图片里是什么？",
+    "Which picture shows more shapes, and what colour are they?",
+    "Describe it.",
+    "Count them",
+]
 PICTURES = [[], ["red"], ["noise", "gradient"], [], ["gradient"], ["red", "noise"], ["noise"], []]  # 0–2 per request
 
 
@@ -30,8 +38,17 @@ def case(request, tiny_model, tiny_engine, tmp_path_factory):
         if not (TOY_DIR / "config.json").is_file():
             pytest.skip(f"the toy model is not trained yet ({TOY_DIR})")
         model = load_checkpoint(TOY_DIR, dtype="float32").requires_grad_(False)  # stored in bfloat16
-        engine_dir = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), BuildConfig(
-            max_batch_size=8, max_input_len=768, max_seq_len=800, max_prompt_embedding_table_size=4096, max_beam_width=3))
+        engine_dir = build_engine(
+            TOY_DIR,
+            tmp_path_factory.mktemp("toy-engine"),
+            BuildConfig(
+                max_batch_size=8,
+                max_input_len=768,
+                max_seq_len=800,
+                max_prompt_embedding_table_size=4096,
+                max_beam_width=3,
+            ),
+        )
     return model, engine_dir, load_engine_vision_tower(engine_dir)
 
 
@@ -75,20 +92,30 @@ def own_table(ids, input_vit, vocab_size):
 
 def eager(model, ids, table, end_id=-1, **kwargs):
     """transformers generate on one request: its new tokens (the end id included, no padding)."""
-    extra = {} if table is None else dict(prompt_table=table, tasks=torch.zeros(1, dtype=torch.int32),
-                                          task_vocab_size=256)
+    extra = (
+        {} if table is None else dict(prompt_table=table, tasks=torch.zeros(1, dtype=torch.int32), task_vocab_size=256)
+    )
     with torch.inference_mode():
-        out = model.generate(ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=ENDOFTEXT_ID,
-                             eos_token_id=None if end_id < 0 else end_id, **extra, **kwargs)
-    return out[:, len(ids):]
+        out = model.generate(
+            ids[None],
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=ENDOFTEXT_ID,
+            eos_token_id=None if end_id < 0 else end_id,
+            **extra,
+            **kwargs,
+        )
+    return out[:, len(ids) :]
 
 
 def engine_rows(output, requests_ids):
     """New tokens of each request's beams from return_dict output: [[[tokens of beam j] for j] for request i]."""
     ids, lengths = output["output_ids"], output["sequence_lengths"]
-    return [[ids[i, j, len(r) : int(lengths[i, j])].tolist() for j in range(ids.shape[1])]
-            for i, r in enumerate(requests_ids)]
+    return [
+        [ids[i, j, len(r) : int(lengths[i, j])].tolist() for j in range(ids.shape[1])]
+        for i, r in enumerate(requests_ids)
+    ]
 
 
 def test_greedy_batch_of_one_equals_eager(case, runner, requests):
@@ -96,8 +123,9 @@ def test_greedy_batch_of_one_equals_eager(case, runner, requests):
     for ids, input_vit in (requests[0], requests[2]):  # text only; two pictures
         fake_ids, table = own_table(ids, input_vit, runner.vocab_size)
         expected = eager(model, fake_ids, table)[0].tolist()
-        out = runner.generate([fake_ids], prompt_table=table, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=ENDOFTEXT_ID,
-                              return_dict=True)
+        out = runner.generate(
+            [fake_ids], prompt_table=table, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=ENDOFTEXT_ID, return_dict=True
+        )
         assert engine_rows(out, [fake_ids])[0][0] == expected
 
 
@@ -115,8 +143,14 @@ def test_mixed_batch_of_eight_equals_eager_per_prompt(case, runner, requests):
     for i, (_, table) in enumerate(own):
         if table is not None:
             tables[i, : len(table)] = table
-    out = runner.generate([ids for ids, _ in own], prompt_table=tables, max_new_tokens=NEW_TOKENS, end_id=end_id,
-                          pad_id=ENDOFTEXT_ID, return_dict=True)
+    out = runner.generate(
+        [ids for ids, _ in own],
+        prompt_table=tables,
+        max_new_tokens=NEW_TOKENS,
+        end_id=end_id,
+        pad_id=ENDOFTEXT_ID,
+        return_dict=True,
+    )
     assert [rows[0] for rows in engine_rows(out, [ids for ids, _ in own])] == expected
 
     # python session: one table, fake ids increasing over every picture of the batch, tasks 0
@@ -127,9 +161,16 @@ def test_mixed_batch_of_eight_equals_eager_per_prompt(case, runner, requests):
         n = 0 if vit is None else len(vit)
         batch.append(replace_image_spans(ids, locate_img_pos(ids), fake_prompt_id[first : first + n])[0])
         first += n
-    out = runner.generate(batch, prompt_table=torch.cat(vits).reshape(-1, runner.hidden_size), prompt_tasks="0," * 7 + "0",
-                          task_vocab_size=256, max_new_tokens=NEW_TOKENS, end_id=end_id, pad_id=ENDOFTEXT_ID,
-                          return_dict=True)
+    out = runner.generate(
+        batch,
+        prompt_table=torch.cat(vits).reshape(-1, runner.hidden_size),
+        prompt_tasks="0," * 7 + "0",
+        task_vocab_size=256,
+        max_new_tokens=NEW_TOKENS,
+        end_id=end_id,
+        pad_id=ENDOFTEXT_ID,
+        return_dict=True,
+    )
     assert [rows[0] for rows in engine_rows(out, batch)] == expected
 
 
@@ -141,9 +182,16 @@ def test_beam_search_equals_eager_beam_search(case, runner, requests, options):
     free = eager(model, *own[0], num_beams=3, num_return_sequences=3)
     end_id = int(free[1, 1])  # a token that the second beam emits second
     for end in (-1, end_id):
-        out = runner.generate([ids for ids, _ in own], prompt_table=torch.stack(
-            [torch.zeros(256, runner.hidden_size), own[1][1]]), max_new_tokens=NEW_TOKENS, end_id=end,
-            pad_id=ENDOFTEXT_ID, num_beams=3, return_dict=True, **options)
+        out = runner.generate(
+            [ids for ids, _ in own],
+            prompt_table=torch.stack([torch.zeros(256, runner.hidden_size), own[1][1]]),
+            max_new_tokens=NEW_TOKENS,
+            end_id=end,
+            pad_id=ENDOFTEXT_ID,
+            num_beams=3,
+            return_dict=True,
+            **options,
+        )
         rows = engine_rows(out, [ids for ids, _ in own])
         for r, (ids, table) in enumerate(own):
             expected = eager(model, ids, table, end_id=end, num_beams=3, num_return_sequences=3, **options)
@@ -172,8 +220,9 @@ def test_cuda_graph_protocol_on_cpu_gives_the_same_tokens(tiny_engine, requests)
 def test_compiled_decode_layers_give_the_same_tokens(tiny_engine):
     """torch.compile of the decode layers traces in one graph and keeps the tokens (CPU)."""
     prompts = [torch.tensor([151644, 8948, 198]), torch.arange(100, 117)]
-    plain = ModelRunner.from_dir(tiny_engine, decode_backend="torch").generate(prompts, max_new_tokens=4, end_id=-1,
-                                                                              pad_id=0)
+    plain = ModelRunner.from_dir(tiny_engine, decode_backend="torch").generate(
+        prompts, max_new_tokens=4, end_id=-1, pad_id=0
+    )
     compiled = ModelRunner.from_dir(tiny_engine, decode_backend="compiled")
     assert torch.equal(compiled.generate(prompts, max_new_tokens=4, end_id=-1, pad_id=0), plain)
 

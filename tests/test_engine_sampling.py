@@ -63,8 +63,12 @@ def test_runner_sampling(runner):
     greedy = runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0)
     kept_one = runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, top_k=1, temperature=0.3, top_p=0.9)
     assert torch.equal(greedy, kept_one)  # top_k 1 is greedy whatever the other knobs say
-    a, b, c = (runner.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, top_k=0, top_p=1.0, temperature=2.0,
-                               random_seed=seed) for seed in (7, 7, 8))
+    a, b, c = (
+        runner.generate(
+            PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0, top_k=0, top_p=1.0, temperature=2.0, random_seed=seed
+        )
+        for seed in (7, 7, 8)
+    )
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -153,11 +157,16 @@ def test_engine_repetition_penalty_gives_eager_tokens(runner, tiny_model):
     changed = []
     for penalty in (1.5, 0.05):  # 0.05 < 1 favours the ids already seen
         with torch.inference_mode():
-            eager = tiny_model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                        max_new_tokens=8, do_sample=False, repetition_penalty=penalty,
-                                        pad_token_id=0)[0, len(prompt):]
+            eager = tiny_model.generate(
+                prompt[None],
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=8,
+                do_sample=False,
+                repetition_penalty=penalty,
+                pad_token_id=0,
+            )[0, len(prompt) :]
         ours = runner.generate([prompt], max_new_tokens=8, end_id=-1, pad_id=0, repetition_penalty=penalty)[0, 0]
-        assert ours[len(prompt):].tolist() == eager.tolist()
+        assert ours[len(prompt) :].tolist() == eager.tolist()
         changed.append(not torch.equal(ours, plain))
     assert any(changed)  # the penalty really changed the tokens
 
@@ -169,7 +178,10 @@ def test_stop_words_end_a_request_with_the_word_included(runner):
     out = runner.generate(PROMPTS, max_new_tokens=6, end_id=-1, pad_id=0, return_dict=True, stop_words_list=words)
     lengths = out["sequence_lengths"][:, 0].tolist()
     assert lengths[0] - len(PROMPTS[0]) == new[0].index(new[0][2]) + 1
-    assert lengths[1] - len(PROMPTS[1]) <= 3 and out["output_ids"][1, 0, lengths[1] - 2 : lengths[1]].tolist() == new[1][1:3]
+    assert (
+        lengths[1] - len(PROMPTS[1]) <= 3
+        and out["output_ids"][1, 0, lengths[1] - 2 : lengths[1]].tolist() == new[1][1:3]
+    )
     with pytest.raises(ValueError, match=r"stop_words_list\[1\] must be a list of non-empty sequences"):
         runner.generate(PROMPTS, max_new_tokens=2, stop_words_list=[[[1]], [[]]])
 

@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton", reason="the fused decode kernels need triton, which has wheels for Linux (x86_64, aarch64) "
-                    "only: pip install triton there")
+pytest.importorskip(
+    "triton",
+    reason="the fused decode kernels need triton, which has wheels for Linux (x86_64, aarch64) "
+    "only: pip install triton there",
+)
 
 from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
@@ -47,7 +50,9 @@ def test_fused_linear_equals_its_reference(dtype, rows):
     torch.testing.assert_close(out, residual + product, **close(dtype))
     gate_fc = (torch.randn(2 * N, K) / 10).to(dtype)  # gate rows, then fc rows
     h = x.float() @ gate_fc.float().T
-    torch.testing.assert_close(fused_linear(x, gate_fc, swiglu=True).float(), h[:, :N] * F.silu(h[:, N:]), **close(dtype))
+    torch.testing.assert_close(
+        fused_linear(x, gate_fc, swiglu=True).float(), h[:, :N] * F.silu(h[:, N:]), **close(dtype)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -70,8 +75,11 @@ def test_rms_norm_equals_the_models(dtype):
 def rope_tables(seq, hd):
     """cos, sin (the model's NeoX tables) and sin_signed (the kernel's) [seq, hd]."""
     angles = torch.arange(seq)[:, None] * torch.rand(hd // 2)
-    return (torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1),
-            torch.cat([-angles.sin(), angles.sin()], dim=-1))
+    return (
+        torch.cat([angles.cos()] * 2, dim=-1),
+        torch.cat([angles.sin()] * 2, dim=-1),
+        torch.cat([-angles.sin(), angles.sin()], dim=-1),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -92,8 +100,12 @@ def test_decode_attention_equals_rope_cache_write_and_sdpa(dtype):
     got = decode_attention(qkv, cos, sin_signed, pos, cache, kv_len, tickets)
     torch.testing.assert_close(cache, expected_cache, **close(dtype))
     mask = torch.arange(kv_len) <= pos[:, None, None, None]  # [4, 1, 1, kv_len]
-    expected = F.scaled_dot_product_attention(ref[:, 0].float()[:, :, None], expected_cache[0, :4, :, :kv_len].float(),
-                                              expected_cache[1, :4, :, :kv_len].float(), attn_mask=mask)
+    expected = F.scaled_dot_product_attention(
+        ref[:, 0].float()[:, :, None],
+        expected_cache[0, :4, :, :kv_len].float(),
+        expected_cache[1, :4, :, :kv_len].float(),
+        attn_mask=mask,
+    )
     assert got.dtype == dtype and got.shape == (4, heads * hd)
     torch.testing.assert_close(got.float(), expected.reshape(4, -1), **close(dtype))
     assert not tickets.any()  # every head's counter back at 0
@@ -124,11 +136,15 @@ def test_kernels_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="contiguous qkv"):
         decode_attention(torch.zeros(1, 192)[:, ::2], *tables, pos, cache, 4, tickets)
     with pytest.raises(ValueError, match="head size that is a power of two"):
-        decode_attention(torch.zeros(1, 72), torch.zeros(12, 12), torch.zeros(12, 12), pos, torch.zeros(2, 1, 2, 12, 12),
-                         4, tickets)
+        decode_attention(
+            torch.zeros(1, 72), torch.zeros(12, 12), torch.zeros(12, 12), pos, torch.zeros(2, 1, 2, 12, 12), 4, tickets
+        )
     with pytest.raises(ValueError, match="at most 16 rows a step, and this engine holds 18"):
-        ModelRunner.from_model(small_model(), BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16,
-                                                          max_beam_width=3), decode_backend="triton")
+        ModelRunner.from_model(
+            small_model(),
+            BuildConfig(max_batch_size=6, max_input_len=8, max_seq_len=16, max_beam_width=3),
+            decode_backend="triton",
+        )
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="what a CPU without Triton's interpreter is told")
@@ -162,8 +178,9 @@ def test_fused_decode_gives_the_plain_engines_tokens():
         assert torch.equal(fused.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs), expected)
     with torch.inference_mode():
         ids, pos = torch.tensor([5, 6]), torch.tensor([5, 20])
-        torch.testing.assert_close(fused.decode_step(ids, pos, 21), plain.decode_step(ids, pos, 21),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            fused.decode_step(ids, pos, 21), plain.decode_step(ids, pos, 21), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_bench_times_the_fused_products_alone(monkeypatch):
@@ -189,7 +206,15 @@ def test_bench_times_the_fused_products_alone(monkeypatch):
 def test_tuned_choices_are_saved_and_taken_back(monkeypatch):
     """The autotuner's choices as JSON-ready entries, and back: an entry naming no tile shape is skipped."""
     monkeypatch.setattr(triton_linear._tuned, "cache", {})
-    assert triton_linear.use_choices([{"key": [40, 96, "none", "torch.float16"], "config": 3},
-                                      {"key": [1, 2], "config": len(triton_linear.CONFIGS)}, "junk"]) == 1
+    assert (
+        triton_linear.use_choices(
+            [
+                {"key": [40, 96, "none", "torch.float16"], "config": 3},
+                {"key": [1, 2], "config": len(triton_linear.CONFIGS)},
+                "junk",
+            ]
+        )
+        == 1
+    )
     assert triton_linear._tuned.cache == {(40, 96, "none", "torch.float16"): triton_linear.CONFIGS[3]}
     assert triton_linear.tuned_choices() == [{"key": [40, 96, "none", "torch.float16"], "config": 3}]

@@ -8,8 +8,11 @@ from qwenvl_lab.exercises import REGISTRY, check
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 
 PAIR = ["../data/images/pair_a_yellow_circle_red_triangle.png", "../data/images/pair_b_blue_square_yellow_circle.png"]
-CHATS = [(["../data/images/red_circle.png"], "图片里是什么？"), (PAIR, "哪张图片里有红色的三角形？"),
-         (["../data/images/blue_square.png"], "What color is the square?")]
+CHATS = [
+    (["../data/images/red_circle.png"], "图片里是什么？"),
+    (PAIR, "哪张图片里有红色的三角形？"),
+    (["../data/images/blue_square.png"], "What color is the square?"),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -71,9 +74,11 @@ def test_image_span_untouched_stub_is_not_attempted():
 
 def without_long_check(span):
     """A learner's span function that never raises: the long path goes through unchecked."""
+
     def my_image_span(path):
         data = list(path.encode("utf-8"))[:IMG_TOKEN_SPAN]
         return span(path, data)
+
     return my_image_span
 
 
@@ -84,22 +89,47 @@ def refuses_a_full_span(path):
     return learner_span(path)
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (without_long_check(lambda p, d: d + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(d))), ["tags belong to the span"]),
-    (lambda p: [IMAGE_START_ID] + load_tokenizer().encode(p) + [IMAGE_END_ID], ["does not run BPE"]),
-    (lambda p: [IMAGE_START_ID] + [ord(c) for c in p] + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(p)) + [IMAGE_END_ID],
-     ["one id per character", "UTF-8 byte"]),
-    (lambda p: [IMAGE_START_ID] + list(p.encode()) + [IMAGE_END_ID], ["same length whatever the path"]),
-    (lambda p: [IMAGE_START_ID] + list(p.encode()) + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - 2 - len(p.encode()))
-     + [IMAGE_END_ID], ["same length whatever the path"]),
-    (lambda p: [IMAGE_START_ID] + list(p.encode()) + [ENDOFTEXT_ID] * (IMG_TOKEN_SPAN - len(p.encode()))
-     + [IMAGE_END_ID], ["padding", "its own special token"]),
-    (without_long_check(lambda p, d: [IMAGE_START_ID] + d + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(d))
-                        + [IMAGE_END_ID]), ["cannot be written into a span", "raise ValueError"]),
-    (refuses_a_full_span, ["raised ValueError, but the path fits"]),
-    (lambda p: learner_span(p) if len(p.encode()) < 100 else None, ["returned None"]),
-    (lambda p: " ".join(map(str, learner_span(p))), ["list of ints"]),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (without_long_check(lambda p, d: d + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(d))), ["tags belong to the span"]),
+        (lambda p: [IMAGE_START_ID] + load_tokenizer().encode(p) + [IMAGE_END_ID], ["does not run BPE"]),
+        (
+            lambda p: (
+                [IMAGE_START_ID] + [ord(c) for c in p] + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(p)) + [IMAGE_END_ID]
+            ),
+            ["one id per character", "UTF-8 byte"],
+        ),
+        (lambda p: [IMAGE_START_ID] + list(p.encode()) + [IMAGE_END_ID], ["same length whatever the path"]),
+        (
+            lambda p: (
+                [IMAGE_START_ID]
+                + list(p.encode())
+                + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - 2 - len(p.encode()))
+                + [IMAGE_END_ID]
+            ),
+            ["same length whatever the path"],
+        ),
+        (
+            lambda p: (
+                [IMAGE_START_ID]
+                + list(p.encode())
+                + [ENDOFTEXT_ID] * (IMG_TOKEN_SPAN - len(p.encode()))
+                + [IMAGE_END_ID]
+            ),
+            ["padding", "its own special token"],
+        ),
+        (
+            without_long_check(
+                lambda p, d: [IMAGE_START_ID] + d + [IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(d)) + [IMAGE_END_ID]
+            ),
+            ["cannot be written into a span", "raise ValueError"],
+        ),
+        (refuses_a_full_span, ["raised ValueError, but the path fits"]),
+        (lambda p: learner_span(p) if len(p.encode()) < 100 else None, ["returned None"]),
+        (lambda p: " ".join(map(str, learner_span(p))), ["list of ints"]),
+    ],
+)
 def test_image_span_hints_at_typical_mistakes(wrong, words, tokenizer):
     expected = [tokenizer.encode_image_span(p) for p in exercises.nb01.SPAN_PATHS]
     assert_hint(check("01.1", wrong), *words, without=[str(e) for e in expected] + [str(e[1:-1]) for e in expected])
@@ -111,8 +141,9 @@ def test_image_span_errors_of_the_learners_code_become_hints():
 
     assert_hint(check("01.1", my_image_span), "raised IndexError")
     assert_hint(check("01.1", lambda p: learner_span(p) if p.isascii() else torch.zeros(3) + "x"), "raised TypeError")
-    assert_hint(check("01.1", lambda p: learner_span(p) if len(p) < 300 else {}["x"]), "raise ValueError",
-                "raised KeyError")
+    assert_hint(
+        check("01.1", lambda p: learner_span(p) if len(p) < 300 else {}["x"]), "raise ValueError", "raised KeyError"
+    )
     assert_hint(check("01.1", learner_span(PAIR[0])), "the function itself")
 
 
@@ -193,22 +224,27 @@ def test_locate_accepts_right_functions():
     assert check("02.1", lambda ids: learner_locate(ids).int())  # any integer dtype
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda ids: None, ["not attempted yet"]),
-    (article_locate, ["second </img> is missing", "raised RuntimeError", "raise a ValueError"]),
-    (counting_locate, ["stray one", "without complaint", "row on its own"]),
-    (lambda ids: learner_locate(ids) + torch.tensor([0, 1, -1]), ["off by one", "</img> themselves"]),
-    (lambda ids: learner_locate(ids) + torch.tensor([0, 1, 0]), ["off by one"]),
-    (lambda ids: torch.tensor([tuple(r) for r in learner_locate(ids).tolist()]), ["without any picture",
-                                                                                  "two dimensions"]),
-    (lambda ids: learner_locate(ids)[torch.argsort(learner_locate(ids)[:, 1])], ["another order"]),
-    (lambda ids: learner_locate(ids).float(), ["integer tensor"]),
-    (lambda ids: learner_locate(ids)[:, 1:], ["shape", "three numbers each"]),
-    (lambda ids: learner_locate(ids)[:1], ["row(s)"]),
-    (lambda ids: learner_locate(ids).flip(1), ["row 0 of yours", "batch index"]),
-    (lambda ids: {}["row"], ["raised KeyError"]),
-    (lambda ids: learner_locate(ids) if ids.shape[0] == 1 else None, ["row 1 has two pictures", "returned None"]),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda ids: None, ["not attempted yet"]),
+        (article_locate, ["second </img> is missing", "raised RuntimeError", "raise a ValueError"]),
+        (counting_locate, ["stray one", "without complaint", "row on its own"]),
+        (lambda ids: learner_locate(ids) + torch.tensor([0, 1, -1]), ["off by one", "</img> themselves"]),
+        (lambda ids: learner_locate(ids) + torch.tensor([0, 1, 0]), ["off by one"]),
+        (
+            lambda ids: torch.tensor([tuple(r) for r in learner_locate(ids).tolist()]),
+            ["without any picture", "two dimensions"],
+        ),
+        (lambda ids: learner_locate(ids)[torch.argsort(learner_locate(ids)[:, 1])], ["another order"]),
+        (lambda ids: learner_locate(ids).float(), ["integer tensor"]),
+        (lambda ids: learner_locate(ids)[:, 1:], ["shape", "three numbers each"]),
+        (lambda ids: learner_locate(ids)[:1], ["row(s)"]),
+        (lambda ids: learner_locate(ids).flip(1), ["row 0 of yours", "batch index"]),
+        (lambda ids: {}["row"], ["raised KeyError"]),
+        (lambda ids: learner_locate(ids) if ids.shape[0] == 1 else None, ["row 1 has two pictures", "returned None"]),
+    ],
+)
 def test_locate_hints_at_typical_mistakes(wrong, words):
     batch = exercises.nb02.padded(exercises.nb02.THREE_CHATS)
     assert_hint(check("02.1", wrong), *words, without=[locate_img_pos(batch).tolist()])

@@ -50,8 +50,7 @@ def test_replace_image_spans_accepts_the_package_and_a_learner_version():
 
 
 def test_the_untouched_stub_is_not_attempted():
-    def my_replace_image_spans(input_ids, img_pos, fake_prompt_id):
-        ...  # your code
+    def my_replace_image_spans(input_ids, img_pos, fake_prompt_id): ...  # your code
 
     result = check("03.1", my_replace_image_spans)
     assert not result.ok and "not attempted yet" in str(result)
@@ -112,18 +111,21 @@ def hard_coded_256(input_ids, img_pos, fake_prompt_id):
     return out
 
 
-@pytest.mark.parametrize("wrong, must_say", [
-    (in_place, "changed the input_ids"),
-    (over_the_open_tag, "tag was overwritten"),
-    (always_row_0, "outside the image spans"),
-    (first_row_of_fake_ids, "picture 1"),
-    (batch_row_as_picture, "picture 1"),
-    (as_list, "torch tensor"),
-    (as_floats, "integer token ids"),
-    (dropped_tags, "keep their length"),
-    (hard_coded_256, "raised"),
-    (torch.tensor([1, 2]), "pass your function"),
-])
+@pytest.mark.parametrize(
+    "wrong, must_say",
+    [
+        (in_place, "changed the input_ids"),
+        (over_the_open_tag, "tag was overwritten"),
+        (always_row_0, "outside the image spans"),
+        (first_row_of_fake_ids, "picture 1"),
+        (batch_row_as_picture, "picture 1"),
+        (as_list, "torch tensor"),
+        (as_floats, "integer token ids"),
+        (dropped_tags, "keep their length"),
+        (hard_coded_256, "raised"),
+        (torch.tensor([1, 2]), "pass your function"),
+    ],
+)
 def test_wrong_replace_image_spans_gets_a_hint_without_the_ids(wrong, must_say):
     message = hint_for("03.1", wrong, must_say)
     assert no_fake_id(message)
@@ -144,25 +146,28 @@ def test_number_exercises_accept_the_right_number(key, right):
     assert not check(key, None) and "not attempted yet" in str(check(key, None))
 
 
-@pytest.mark.parametrize("key, right, wrong, must_say", [
-    ("03.2", 76, 293, "special tokens too"),
-    ("03.2", 76, 217, "number of special tokens"),
-    ("03.2", 76, 77, "off by one"),
-    ("03.2", 76, 75, "off by one"),
-    ("03.2", 76, 12, "recount"),
-    ("03.3", 152448, 151936, "first picture"),
-    ("03.3", 152448, 152192, "second picture's first id"),
-    ("03.3", 152448, 152447, "second picture's last id"),
-    ("03.3", 152448, 152155, "not at 151643"),
-    ("03.3", 152448, 152704, "after the third picture"),
-    ("03.4", 1, 8, "whole table"),
-    ("03.4", 1, 256, "share of rows"),
-    ("03.4", 1, 0, "no request could send a picture"),
-    ("03.4", 1, 2, "recount"),
-    ("03.4", 1, "1", "whole number"),
-    ("03.4", 1, True, "whole number"),
-    ("03.4", 1, 1.0, "whole number"),
-])
+@pytest.mark.parametrize(
+    "key, right, wrong, must_say",
+    [
+        ("03.2", 76, 293, "special tokens too"),
+        ("03.2", 76, 217, "number of special tokens"),
+        ("03.2", 76, 77, "off by one"),
+        ("03.2", 76, 75, "off by one"),
+        ("03.2", 76, 12, "recount"),
+        ("03.3", 152448, 151936, "first picture"),
+        ("03.3", 152448, 152192, "second picture's first id"),
+        ("03.3", 152448, 152447, "second picture's last id"),
+        ("03.3", 152448, 152155, "not at 151643"),
+        ("03.3", 152448, 152704, "after the third picture"),
+        ("03.4", 1, 8, "whole table"),
+        ("03.4", 1, 256, "share of rows"),
+        ("03.4", 1, 0, "no request could send a picture"),
+        ("03.4", 1, 2, "recount"),
+        ("03.4", 1, "1", "whole number"),
+        ("03.4", 1, True, "whole number"),
+        ("03.4", 1, 1.0, "whole number"),
+    ],
+)
 def test_wrong_numbers_get_a_hint_without_the_answer(key, right, wrong, must_say):
     message = hint_for(key, wrong, must_say)
     assert no_number(message.replace(repr(wrong), ""), right)
@@ -184,8 +189,9 @@ def test_prompt_tuning_embedding_accepts_the_package_and_a_learner_version():
 
 
 def test_the_untouched_lookup_stub_is_not_attempted():
-    def my_prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
-        ...  # your code
+    def my_prompt_tuning_embedding(
+        input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size
+    ): ...  # your code
 
     result = check("04.1", my_prompt_tuning_embedding)
     assert not result.ok and "not attempted yet" in str(result)
@@ -193,12 +199,14 @@ def test_the_untouched_lookup_stub_is_not_attempted():
 
 def lookup_with(rows_of):
     """A lookup that reads fake ids from rows_of(offset, tasks, task_vocab_size), the rest from the vocabulary."""
+
     def lookup(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
         fake = input_ids >= vocab_size
         out = vocab_embedding[input_ids.clamp(max=vocab_size - 1)]
         rows = rows_of(input_ids - vocab_size, tasks.long()[:, None], int(task_vocab_size))
         out[fake] = prompt_table[rows[fake].clamp(0, len(prompt_table) - 1)]
         return out
+
     return lookup
 
 
@@ -231,7 +239,9 @@ def squeezed(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, v
 
 
 def in_float64(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
-    return prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size).double()
+    return prompt_tuning_embedding(
+        input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size
+    ).double()
 
 
 def mask_past_v(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
@@ -241,21 +251,24 @@ def mask_past_v(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size
     return out
 
 
-@pytest.mark.parametrize("wrong, must_say", [
-    (lookup_with(lambda offset, tasks, tvs: offset), "ignore `tasks`"),
-    (lookup_with(lambda offset, tasks, tvs: offset + tasks * tvs + 1), "off by one"),
-    (lookup_with(lambda offset, tasks, tvs: offset + tasks * tvs - 1), "off by one"),
-    (lookup_with(lambda offset, tasks, tvs: offset + tasks), "as a row count"),
-    (lookup_with(lambda offset, tasks, tvs: offset * 0 + tasks * tvs), "wrong rows"),
-    (v_minus_1_as_fake, "vocab_size − 1"),
-    (vocabulary_only, "wrong rows"),
-    (ordinary_rows_shifted, "their own row of the word embedding"),
-    (changes_the_table, "changed one of its inputs"),
-    (squeezed, "[B, L, H]"),
-    (in_float64, "dtype"),
-    (mask_past_v, "raised IndexError"),
-    ("prompt_tuning_embedding", "pass your function"),
-])
+@pytest.mark.parametrize(
+    "wrong, must_say",
+    [
+        (lookup_with(lambda offset, tasks, tvs: offset), "ignore `tasks`"),
+        (lookup_with(lambda offset, tasks, tvs: offset + tasks * tvs + 1), "off by one"),
+        (lookup_with(lambda offset, tasks, tvs: offset + tasks * tvs - 1), "off by one"),
+        (lookup_with(lambda offset, tasks, tvs: offset + tasks), "as a row count"),
+        (lookup_with(lambda offset, tasks, tvs: offset * 0 + tasks * tvs), "wrong rows"),
+        (v_minus_1_as_fake, "vocab_size − 1"),
+        (vocabulary_only, "wrong rows"),
+        (ordinary_rows_shifted, "their own row of the word embedding"),
+        (changes_the_table, "changed one of its inputs"),
+        (squeezed, "[B, L, H]"),
+        (in_float64, "dtype"),
+        (mask_past_v, "raised IndexError"),
+        ("prompt_tuning_embedding", "pass your function"),
+    ],
+)
 def test_wrong_lookups_get_a_hint_without_the_embeddings(wrong, must_say):
     assert re.search(r"\d\.\d", hint_for("04.1", wrong, must_say)) is None  # no embedding value in the hint
 
@@ -268,38 +281,64 @@ def test_a_lookup_without_tasks_passes_task_0_and_fails_on_the_first_batch_with_
 # 04.2 – 04.4
 
 
-@pytest.mark.parametrize("key, right", [("04.2", 516), ("04.3", "A blue square."), ("04.3", "一个蓝色的正方形。"),
-                                        ("04.3", "blue_square.png"), ("04.4", (768, 1536)), ("04.4", [768, 1536])])
+@pytest.mark.parametrize(
+    "key, right",
+    [
+        ("04.2", 516),
+        ("04.3", "A blue square."),
+        ("04.3", "一个蓝色的正方形。"),
+        ("04.3", "blue_square.png"),
+        ("04.4", (768, 1536)),
+        ("04.4", [768, 1536]),
+    ],
+)
 def test_the_other_exercises_accept_the_right_answer(key, right):
     assert check(key, right)
 
 
-@pytest.mark.parametrize("wrong, must_say", [
-    (4, "request 0's block"), (517, "off by one"), (515, "off by one"), (260, "not 256"), (151940, "subtract"),
-    (297, "not 151643"), (1000, "recount"), ("516", "whole number"),
-])
+@pytest.mark.parametrize(
+    "wrong, must_say",
+    [
+        (4, "request 0's block"),
+        (517, "off by one"),
+        (515, "off by one"),
+        (260, "not 256"),
+        (151940, "subtract"),
+        (297, "not 151643"),
+        (1000, "recount"),
+        ("516", "whole number"),
+    ],
+)
 def test_wrong_rows_get_a_hint_without_the_row(wrong, must_say):
     assert no_number(hint_for("04.2", wrong, must_say).replace(repr(wrong), ""), 516)
 
 
-@pytest.mark.parametrize("wrong, must_say", [
-    ("A red circle.", "do they still name a picture"), ("一个红色的圆形。", "do they still name a picture"),
-    ("A red circle and a blue square.", "do they still name a picture"), ("no idea", "store the answer"),
-    (["A blue square."], "as a string"),
-])
+@pytest.mark.parametrize(
+    "wrong, must_say",
+    [
+        ("A red circle.", "do they still name a picture"),
+        ("一个红色的圆形。", "do they still name a picture"),
+        ("A red circle and a blue square.", "do they still name a picture"),
+        ("no idea", "store the answer"),
+        (["A blue square."], "as a string"),
+    ],
+)
 def test_the_red_circle_is_not_the_answer(wrong, must_say):
     assert "blue" not in hint_for("04.3", wrong, must_say).lower()
 
 
-@pytest.mark.parametrize("wrong, must_say", [
-    ((1536, 1536), "the python-session table: the python session's table has one block per picture"),
-    ((768, 768), "the in-flight table: under in-flight batching every request owns a block of the same size"),
-    ((768, 1024), "keeps its slot"),
-    ((512, 1536), "recount"),
-    ((768, 2000), "recount"),
-    (768, "as a pair"),
-    ((768, "1536"), "two whole numbers"),
-])
+@pytest.mark.parametrize(
+    "wrong, must_say",
+    [
+        ((1536, 1536), "the python-session table: the python session's table has one block per picture"),
+        ((768, 768), "the in-flight table: under in-flight batching every request owns a block of the same size"),
+        ((768, 1024), "keeps its slot"),
+        ((512, 1536), "recount"),
+        ((768, 2000), "recount"),
+        (768, "as a pair"),
+        ((768, "1536"), "two whole numbers"),
+    ],
+)
 def test_wrong_table_sizes_get_a_hint_without_the_sizes(wrong, must_say):
     message = hint_for("04.4", wrong, must_say).replace(repr(wrong), "")
     assert no_number(message, 768) and no_number(message, 1536)

@@ -30,8 +30,13 @@ def test_table_size():
 
 def test_build_command(tmp_path):
     def command(images=2, **limits):
-        config = {"max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048,
-                  "max_prompt_embedding_table_size": 2048, "dtype": "float16"} | limits
+        config = {
+            "max_batch_size": 4,
+            "max_input_len": 1024,
+            "max_seq_len": 2048,
+            "max_prompt_embedding_table_size": 2048,
+            "dtype": "float16",
+        } | limits
         return trtllm_build_command(tmp_path / "ckpt", tmp_path / "my_engine", BuildConfig(**config), images)
 
     assert check("05.2", command())

@@ -54,8 +54,7 @@ def eager_request(course, picture, question):
 
 
 def test_untouched_stubs_are_not_attempted():
-    def stub(next_logits, prompt, steps):
-        ...  # your code
+    def stub(next_logits, prompt, steps): ...  # your code
 
     def unwritten(next_logits, prompt, steps):
         raise NotImplementedError
@@ -71,15 +70,25 @@ def test_a_greedy_loop_passes(course):
     assert check("06.1", greedy)
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda next_logits, prompt, steps: [int(next_logits(list(prompt)).argmax())] * steps, "join the ids"),
-    (lambda next_logits, prompt, steps: list(prompt) + greedy(next_logits, prompt, steps), "only the new tokens"),
-    (lambda next_logits, prompt, steps: [i for i in greedy(next_logits, prompt, steps + 1)
-                                         if i != IM_END_ID][:steps], "<|im_end|>"),
-    (lambda next_logits, prompt, steps: greedy(lambda ids: -next_logits(ids), prompt, steps), "not the ones it prefers"),
-    (lambda next_logits, prompt, steps: greedy(next_logits, prompt, max(steps, 1)), "steps=0"),
-    (lambda next_logits, prompt, steps: "".join(map(str, greedy(next_logits, prompt, steps))), "list of ints"),
-])
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (lambda next_logits, prompt, steps: [int(next_logits(list(prompt)).argmax())] * steps, "join the ids"),
+        (lambda next_logits, prompt, steps: list(prompt) + greedy(next_logits, prompt, steps), "only the new tokens"),
+        (
+            lambda next_logits, prompt, steps: [i for i in greedy(next_logits, prompt, steps + 1) if i != IM_END_ID][
+                :steps
+            ],
+            "<|im_end|>",
+        ),
+        (
+            lambda next_logits, prompt, steps: greedy(lambda ids: -next_logits(ids), prompt, steps),
+            "not the ones it prefers",
+        ),
+        (lambda next_logits, prompt, steps: greedy(next_logits, prompt, max(steps, 1)), "steps=0"),
+        (lambda next_logits, prompt, steps: "".join(map(str, greedy(next_logits, prompt, steps))), "list of ints"),
+    ],
+)
 def test_greedy_mistakes_get_hints_without_the_loop(wrong, hint):
     result = check("06.1", wrong)
     assert not result and hint in str(result)
@@ -113,7 +122,7 @@ def test_end_count(course):
     model = course[3]
     ids, table = eager_request(course, "red_circle.png", "图片里是什么？")
     out = ModelAsRunner(model).generate([ids], prompt_table=table, max_new_tokens=24)
-    count = out[0, 0, len(ids):].tolist().count(IM_END_ID)
+    count = out[0, 0, len(ids) :].tolist().count(IM_END_ID)
     assert 1 < count < 24
     assert check("06.2", count)
     for wrong in (count - 1, count + 1):
@@ -127,8 +136,12 @@ def test_second_beam(course):
     model, tokenizer = course[3], course[2]
     ids, table = eager_request(course, "red_circle.png", "图片里是什么？")
     out = ModelAsRunner(model).generate([ids], prompt_table=table, max_new_tokens=24, num_beams=2, return_dict=True)
-    beams = [tokenizer.decode(out["output_ids"][0, k, len(ids) : int(out["sequence_lengths"][0, k])].tolist(),
-                              skip_special_tokens=True) for k in range(2)]
+    beams = [
+        tokenizer.decode(
+            out["output_ids"][0, k, len(ids) : int(out["sequence_lengths"][0, k])].tolist(), skip_special_tokens=True
+        )
+        for k in range(2)
+    ]
     assert beams[0] != beams[1]
     assert check("06.3", beams[1])
     assert "best beam" in str(check("06.3", beams[0]))
@@ -140,8 +153,10 @@ def test_second_beam(course):
 def test_two_answers(course):
     model, vision, tokenizer = course[3], course[1], course[2]
     reference = ModelAsRunner(model)
-    answers = [ask(reference, vision, tokenizer, [images_dir() / picture], question)[0]
-               for picture, question in nb06.TWO_QUESTIONS]
+    answers = [
+        ask(reference, vision, tokenizer, [images_dir() / picture], question)[0]
+        for picture, question in nb06.TWO_QUESTIONS
+    ]
     assert check("06.4", answers)
     assert check("06.4", [f"{a}\n" for a in answers])  # surrounding whitespace does not matter
     assert "swapped" in str(check("06.4", answers[::-1]))
@@ -156,8 +171,12 @@ def test_box_pixels():
     right = tuple((2 * c * 224 + 1000) // 2000 for c in corners)  # half up, a 224-pixel picture
     assert check("06.5", right) and check("06.5", list(right))
     at_input_size = tuple(round(c * 112 / 1000) for c in corners)
-    for wrong, hint in ((tuple(corners), "0–1000 grid"), (at_input_size, "input size"),
-                        (tuple(v + 1 for v in right), "scale each corner"), ("(1, 2, 3, 4)", "four ints")):
+    for wrong, hint in (
+        (tuple(corners), "0–1000 grid"),
+        (at_input_size, "input size"),
+        (tuple(v + 1 for v in right), "scale each corner"),
+        ("(1, 2, 3, 4)", "four ints"),
+    ):
         result = check("06.5", wrong)
         assert not result and hint in str(result)
         assert not any(str(v) in str(result) for v in right if v > 9)

@@ -40,7 +40,11 @@ def test_verdict_labels_come_from_the_measurement():
 def test_verdict_range_counts_the_settings_inside():
     assert fc.verdict_range("C8", 3, 5, {4: 3.8, 8: 4.9}, "batch").verdict == "confirmed"
     partly = fc.verdict_range("C8", 3, 5, {2: 1.96, 4: 3.76, 8: 7.03}, "batch")
-    assert partly.verdict == "partly confirmed" and "only at batch 4" in partly.evidence and "7.03 at batch 8" in partly.evidence
+    assert (
+        partly.verdict == "partly confirmed"
+        and "only at batch 4" in partly.evidence
+        and "7.03 at batch 8" in partly.evidence
+    )
     assert fc.verdict_range("C8", 3, 5, {2: 1.9, 8: 7.0}, "batch").verdict == "corrected"
     with pytest.raises(ValueError):
         fc.verdict_range("C8", 5, 3, {2: 4.0}, "batch")
@@ -71,10 +75,15 @@ def test_meta_tower_traces_qwen_vl_chat_shapes_without_memory():
     assert {p.device.type for p in tower.parameters()} == {"meta"}  # the numpy-built pos_embed too
     pixels = preprocess_images([images_dir() / "red_circle.png"], 448)
     shapes = fc.tower_shapes(tower, torch.cat([pixels, pixels]))  # real pixels, moved to the meta device
-    assert shapes == {"pixels": (2, 3, 448, 448), "patches": (2, 1024, 1664), "ViT output": (2, 1024, 1664),
-                      "input_vit": (2, 256, 4096)}
-    small = fc.tower_shapes(fc.meta_tower(dict(QWEN_VL_CHAT_VISUAL, image_size=224)),
-                            torch.empty(1, 3, 224, 224, device="meta"))
+    assert shapes == {
+        "pixels": (2, 3, 448, 448),
+        "patches": (2, 1024, 1664),
+        "ViT output": (2, 1024, 1664),
+        "input_vit": (2, 256, 4096),
+    }
+    small = fc.tower_shapes(
+        fc.meta_tower(dict(QWEN_VL_CHAT_VISUAL, image_size=224)), torch.empty(1, 3, 224, 224, device="meta")
+    )
     assert small["patches"] == (1, 256, 1664) and small["input_vit"] == (1, 256, 4096)  # still 256 rows
 
 
@@ -91,8 +100,12 @@ def test_pool_2x2_averages_blocks_of_the_grid():
     assert fc.pool_2x2(grid).flatten().tolist() == [2.5, 4.5, 10.5, 12.5]
     back = fc.pooled_back(grid)
     assert back.shape == (1, 16, 1)
-    assert back.reshape(4, 4).tolist() == [[2.5, 2.5, 4.5, 4.5], [2.5, 2.5, 4.5, 4.5],
-                                           [10.5, 10.5, 12.5, 12.5], [10.5, 10.5, 12.5, 12.5]]
+    assert back.reshape(4, 4).tolist() == [
+        [2.5, 2.5, 4.5, 4.5],
+        [2.5, 2.5, 4.5, 4.5],
+        [10.5, 10.5, 12.5, 12.5],
+        [10.5, 10.5, 12.5, 12.5],
+    ]
     assert fc.pool_2x2(torch.randn(3, 256, 8)).shape == (3, 64, 8)
     for rows in (15, 9):  # not a square; a square of odd side
         with pytest.raises(ValueError, match="square grid of even side"):
@@ -105,7 +118,7 @@ def test_span_prompt_puts_any_number_of_fake_ids_between_the_tags(tokenizer):
         ids = fc.span_prompt(tokenizer, "How many shapes are there?", rows, MODEL_VOCAB_SIZE)
         start, end = ids.index(IMAGE_START_ID), ids.index(IMAGE_END_ID)
         assert ids[start + 1 : end] == list(range(MODEL_VOCAB_SIZE, MODEL_VOCAB_SIZE + rows))
-        assert ids[: start + 1] == full[: start + 1] and ids[end:] == full[full.index(IMAGE_END_ID):]
+        assert ids[: start + 1] == full[: start + 1] and ids[end:] == full[full.index(IMAGE_END_ID) :]
 
 
 def test_answers_with_rows_match_the_chat_path_and_the_toy_answers_right(toy_model, tokenizer):
@@ -114,9 +127,14 @@ def test_answers_with_rows_match_the_chat_path_and_the_toy_answers_right(toy_mod
     with torch.inference_mode():
         input_vit = toy_model.transformer.visual.encode(pictures)  # [3, 256, H]
     answers = fc.answers_with_rows(toy_model, tokenizer, examples, input_vit)
-    reference = ask_batch(ModelAsRunner(toy_model), None, tokenizer, [([p], e.question) for p, e in
-                                                                      zip(pictures, examples)], input_vit=input_vit,
-                          max_new_tokens=16)
+    reference = ask_batch(
+        ModelAsRunner(toy_model),
+        None,
+        tokenizer,
+        [([p], e.question) for p, e in zip(pictures, examples)],
+        input_vit=input_vit,
+        max_new_tokens=16,
+    )
     assert answers == reference
     assert fc.accuracy(answers, examples) == 1.0
     assert fc.accuracy(["wrong"] * 3, examples) == 0.0
@@ -161,8 +179,10 @@ def test_injection_times_three_identical_ways(tiny_model, tokenizer, image_files
 
 
 def test_engine_throughput_and_prefill_are_positive(tiny_model, tokenizer):
-    runner = ModelRunner.from_model(tiny_model, BuildConfig(max_batch_size=2, max_input_len=384, max_seq_len=400,
-                                                            max_prompt_embedding_table_size=512))
+    runner = ModelRunner.from_model(
+        tiny_model,
+        BuildConfig(max_batch_size=2, max_input_len=384, max_seq_len=400, max_prompt_embedding_table_size=512),
+    )
     speeds = fc.engine_throughput(runner, tiny_model, batches=(1, 2), new_tokens=16, repeats=2)
     assert set(speeds) == {1, 2} and all(s > 0 for s in speeds.values())
     input_vit = torch.randn(2, 64, tiny_model.config.hidden_size)

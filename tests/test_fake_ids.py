@@ -99,13 +99,16 @@ def test_replace_changes_only_span_interiors(layout, vocab_size):
     assert int(interior.sum()) == 256 * len(img_pos)
 
 
-@pytest.mark.parametrize("img_pos, match", [
-    ([[1, 0, 257]], r"img_pos \(1, 0, 257\) lies outside input_ids of shape \(1, 260\)"),  # no row 1
-    ([[0, -2, 255]], r"img_pos \(0, -2, 255\) lies outside"),  # would write at the end of the row
-    ([[0, 3, 260]], r"img_pos \(0, 3, 260\) lies outside"),  # </img> past the row
-    ([[0, 0, 257], [0, 2, 259]], r"image 1: span 2…259 in row 0 overlaps the span before it"),
-    ([[0, 0, 257, 1]], r"img_pos must be \[N, 3\]"),
-])
+@pytest.mark.parametrize(
+    "img_pos, match",
+    [
+        ([[1, 0, 257]], r"img_pos \(1, 0, 257\) lies outside input_ids of shape \(1, 260\)"),  # no row 1
+        ([[0, -2, 255]], r"img_pos \(0, -2, 255\) lies outside"),  # would write at the end of the row
+        ([[0, 3, 260]], r"img_pos \(0, 3, 260\) lies outside"),  # </img> past the row
+        ([[0, 0, 257], [0, 2, 259]], r"image 1: span 2…259 in row 0 overlaps the span before it"),
+        ([[0, 0, 257, 1]], r"img_pos must be \[N, 3\]"),
+    ],
+)
 def test_replace_refuses_positions_outside_or_overlapping(img_pos, match):
     ids = torch.tensor([[*span(), 1, 2]])
     with pytest.raises(ValueError, match=match):

@@ -26,18 +26,36 @@ from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup, to_torch_dtype
 from qwenvl_lab.requests import check_request
 from qwenvl_lab.tokenizing import (
-    ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN,
-    MODEL_VOCAB_SIZE, Query, make_context,
+    ENDOFTEXT_ID,
+    IM_END_ID,
+    IM_START_ID,
+    IMAGE_END_ID,
+    IMAGE_PAD_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE,
+    Query,
+    make_context,
 )
 from qwenvl_lab.vision import load_image
 
 # the deliberate errors of the package (compared by exact type: a subclass such as JSONDecodeError is a bug)
-ALLOWED_ERRORS = (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
-                  CheckpointError)
+ALLOWED_ERRORS = (
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+    CheckpointError,
+)
 EXAMPLE_SECONDS = 20  # one example running longer counts as a hang
 
-_CHECKS = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                      HealthCheck.filter_too_much])
+_CHECKS = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 settings.register_profile("ci", derandomize=True, database=None, **_CHECKS)
 settings.register_profile("fuzz", max_examples=10_000, **_CHECKS)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
@@ -52,6 +70,7 @@ def fuzz(ci_examples: int):
 @contextmanager
 def time_limit(seconds: int = EXAMPLE_SECONDS):
     """Fail an example that runs longer than `seconds` (a hang)."""
+
     def stop(signum, frame):
         raise AssertionError(f"an example ran longer than {seconds} s")
 
@@ -99,9 +118,29 @@ def mostly(valid, other):
 
 # tokenizing: plain text, element lists, the chatml context
 
-TRICKY = st.sampled_from(["<img>", "</img>", "<imgpad>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<ref>",
-                          "<|extra_7|>", "\n", "\r\n", "e\u0301", "\ufb01", "\u212b", " " * 9, "\t", "\u3000",
-                          "'s", "\x00", "\U0001f600"])
+TRICKY = st.sampled_from(
+    [
+        "<img>",
+        "</img>",
+        "<imgpad>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<ref>",
+        "<|extra_7|>",
+        "\n",
+        "\r\n",
+        "e\u0301",
+        "\ufb01",
+        "\u212b",
+        " " * 9,
+        "\t",
+        "\u3000",
+        "'s",
+        "\x00",
+        "\U0001f600",
+    ]
+)
 UTF8_TEXT = st.lists(st.one_of(st.text(max_size=10), TRICKY), max_size=8).map("".join)  # st.text holds no surrogates
 TEXT = mostly(UTF8_TEXT, st.lists(st.one_of(UTF8_TEXT, st.just("\ud800")), max_size=3).map("".join))
 
@@ -129,8 +168,11 @@ PATH = st.text(min_size=1, max_size=40).filter(lambda p: len(p.encode("utf-8")) 
 VALID_ELEMENT = st.one_of(
     st.builds(lambda p: {"image": p}, PATH),
     st.builds(lambda t: {"text": t}, UTF8_TEXT),
-    st.builds(lambda b, r: {"box": b, "ref": r}, st.lists(st.tuples(*[st.integers(0, 1000)] * 4), max_size=2),
-              st.text(max_size=6)),
+    st.builds(
+        lambda b, r: {"box": b, "ref": r},
+        st.lists(st.tuples(*[st.integers(0, 1000)] * 4), max_size=2),
+        st.text(max_size=6),
+    ),
     st.builds(lambda b: {"box": b}, st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=4), max_size=2)),
 )
 
@@ -153,18 +195,32 @@ def test_valid_element_lists_encode(tokenizer, elements, history_turns):
 
 
 ANY_VALUE = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-5, 1005), st.integers(), st.floats(), st.text(max_size=6),
-              TRICKY, st.binary(max_size=4)),
-    lambda inner: st.one_of(st.lists(inner, max_size=5), st.tuples(inner, inner, inner, inner),
-                            st.dictionaries(st.sampled_from(["image", "text", "box", "ref"]), inner, max_size=3)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 1005),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=6),
+        TRICKY,
+        st.binary(max_size=4),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.tuples(inner, inner, inner, inner),
+        st.dictionaries(st.sampled_from(["image", "text", "box", "ref"]), inner, max_size=3),
+    ),
     max_leaves=12,
 )
 HASHABLE = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4), st.binary(max_size=2))
-ANY_ELEMENT = mostly(VALID_ELEMENT, st.one_of(
-    st.dictionaries(st.sampled_from(["image", "text", "box", "ref", "Image", "x"]), ANY_VALUE, max_size=3),
-    st.dictionaries(st.one_of(st.sampled_from(["image", "text", "box", "ref"]), HASHABLE), ANY_VALUE, max_size=2),
-    ANY_VALUE,
-))
+ANY_ELEMENT = mostly(
+    VALID_ELEMENT,
+    st.one_of(
+        st.dictionaries(st.sampled_from(["image", "text", "box", "ref", "Image", "x"]), ANY_VALUE, max_size=3),
+        st.dictionaries(st.one_of(st.sampled_from(["image", "text", "box", "ref"]), HASHABLE), ANY_VALUE, max_size=2),
+        ANY_VALUE,
+    ),
+)
 
 
 @fuzz(350)
@@ -183,9 +239,12 @@ def test_any_element_list_gives_a_query_or_a_clear_error(tokenizer, list_format)
 
 
 @fuzz(280)
-@given(query=st.one_of(TEXT, st.lists(VALID_ELEMENT, max_size=3)),
-       history=mostly(st.lists(st.tuples(TEXT, TEXT), max_size=2), ANY_VALUE),
-       system=mostly(TEXT, ANY_VALUE), window=mostly(st.integers(1, 100), st.one_of(st.integers(), ANY_VALUE)))
+@given(
+    query=st.one_of(TEXT, st.lists(VALID_ELEMENT, max_size=3)),
+    history=mostly(st.lists(st.tuples(TEXT, TEXT), max_size=2), ANY_VALUE),
+    system=mostly(TEXT, ANY_VALUE),
+    window=mostly(st.integers(1, 100), st.one_of(st.integers(), ANY_VALUE)),
+)
 def test_make_context_on_any_arguments(tokenizer, query, history, system, window):
     if isinstance(query, list):
         query = tokenizer.from_list_format(query)
@@ -193,14 +252,18 @@ def test_make_context_on_any_arguments(tokenizer, query, history, system, window
     if refused(result):
         turns = isinstance(history, list) and all(isinstance(t, tuple) and len(t) == 2 for t in history)
         texts = [query, system, *(t for turn in history for t in turn)] if turns else []
-        valid = (turns and isinstance(system, str) and type(window) is int and window > 0
-                 and all(isinstance(t, str) and not has_surrogate(t) for t in texts))
+        valid = (
+            turns
+            and isinstance(system, str)
+            and type(window) is int
+            and window > 0
+            and all(isinstance(t, str) and not has_surrogate(t) for t in texts)
+        )
         assert not valid, f"a valid context was refused: {result}"
         return
     raw_text, context = result
     assert isinstance(raw_text, Query) and tokenizer.decode(context) == raw_text
     assert context[-3:] == [IM_START_ID, *tokenizer.encode("assistant\n")]
-
 
 
 # pictures: damaged files of every format Pillow reads, with and without EXIF orientation
@@ -233,9 +296,12 @@ def picture_file(tmp_path_factory):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Pillow's notes on the damaged EXIF and TIFF tags it skips
 @fuzz(300)
-@given(fmt=st.sampled_from(sorted(PICTURES)), edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
-                                                                        st.integers(0, 255)), max_size=4),
-       cut=mostly(st.none(), st.floats(0, 1)), exif_transpose=st.booleans())
+@given(
+    fmt=st.sampled_from(sorted(PICTURES)),
+    edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=4),
+    cut=mostly(st.none(), st.floats(0, 1)),
+    exif_transpose=st.booleans(),
+)
 def test_load_image_on_damaged_files(picture_file, fmt, edits, cut, exif_transpose):
     data = bytearray(PICTURES[fmt])
     for where, value in edits:
@@ -250,8 +316,9 @@ def test_load_image_on_damaged_files(picture_file, fmt, edits, cut, exif_transpo
 
 # img_pos and fake ids: any ids, any positions
 
-SPECIAL_IDS = st.sampled_from([IMAGE_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, 0, 255, MODEL_VOCAB_SIZE, -1, 2**63 - 1,
-                               -(2**63), 2**31])
+SPECIAL_IDS = st.sampled_from(
+    [IMAGE_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, 0, 255, MODEL_VOCAB_SIZE, -1, 2**63 - 1, -(2**63), 2**31]
+)
 
 
 @st.composite
@@ -292,8 +359,12 @@ def any_ids(draw):
         values = torch.tensor(rows, dtype=torch.long)  # rectangular rows within int64
     except (ValueError, RuntimeError, TypeError, OverflowError):
         return rows
-    dtype = draw(mostly(st.sampled_from([torch.int64, torch.int32]),
-                        st.sampled_from([torch.int16, torch.uint8, torch.float32, torch.bool])))
+    dtype = draw(
+        mostly(
+            st.sampled_from([torch.int64, torch.int32]),
+            st.sampled_from([torch.int16, torch.uint8, torch.float32, torch.bool]),
+        )
+    )
     values = values.to(dtype)
     return values if kind == "tensor" else values.numpy()
 
@@ -308,8 +379,12 @@ def check_img_pos(ids: torch.Tensor, img_pos: torch.Tensor, start: int, span: in
 
 
 @fuzz(320)
-@given(ids=any_ids(), custom=st.one_of(st.none(), st.tuples(st.one_of(st.integers(-1, 300), ANY_VALUE),
-                                                            st.one_of(st.integers(-1, 3), ANY_VALUE))))
+@given(
+    ids=any_ids(),
+    custom=st.one_of(
+        st.none(), st.tuples(st.one_of(st.integers(-1, 300), ANY_VALUE), st.one_of(st.integers(-1, 3), ANY_VALUE))
+    ),
+)
 def test_locate_img_pos_on_any_ids(ids, custom):
     start, span = (IMAGE_START_ID, IMG_TOKEN_SPAN) if custom is None else custom
     img_pos = outcome(locate_img_pos, ids, start, span)
@@ -322,12 +397,18 @@ def test_locate_img_pos_on_any_ids(ids, custom):
 def test_locate_img_pos_finds_every_well_formed_span(rows, dtype):
     width = max(map(len, rows), default=0)
     rows = [r + [0] * (width - len(r)) for r in rows]
-    ids = rows if dtype is list else np.array(rows, dtype=np.int64) if dtype is np.int64 else torch.tensor(
-        rows, dtype=dtype).reshape(len(rows), width)
+    ids = (
+        rows
+        if dtype is list
+        else np.array(rows, dtype=np.int64)
+        if dtype is np.int64
+        else torch.tensor(rows, dtype=dtype).reshape(len(rows), width)
+    )
     img_pos = outcome(locate_img_pos, ids)
     assert not refused(img_pos), img_pos
-    check_img_pos(torch.tensor(rows, dtype=torch.long).reshape(len(rows), width), img_pos, IMAGE_START_ID,
-                  IMG_TOKEN_SPAN)
+    check_img_pos(
+        torch.tensor(rows, dtype=torch.long).reshape(len(rows), width), img_pos, IMAGE_START_ID, IMG_TOKEN_SPAN
+    )
 
 
 POSITION = st.one_of(st.integers(-3, 270), st.sampled_from([2**63 - 1, -(2**63)]))
@@ -342,8 +423,13 @@ def test_replace_image_spans_on_any_positions(rows, data):
     if not refused(found) and data.draw(st.booleans()):
         img_pos = found
     else:
-        img_pos = data.draw(st.one_of(st.lists(st.lists(POSITION, min_size=3, max_size=3), max_size=3),
-                                      st.lists(st.lists(POSITION, max_size=4), max_size=2), ANY_VALUE))
+        img_pos = data.draw(
+            st.one_of(
+                st.lists(st.lists(POSITION, min_size=3, max_size=3), max_size=3),
+                st.lists(st.lists(POSITION, max_size=4), max_size=2),
+                ANY_VALUE,
+            )
+        )
     n, s = data.draw(st.integers(0, 3)), data.draw(st.sampled_from([IMG_TOKEN_SPAN, IMG_TOKEN_SPAN - 1, 0, 1]))
     fake = MODEL_VOCAB_SIZE + torch.arange(n * s).reshape(n, s)
     fake = data.draw(st.sampled_from([fake, fake.int(), fake.float(), fake.reshape(-1), fake.tolist()]))
@@ -357,7 +443,7 @@ def test_replace_image_spans_on_any_positions(rows, data):
     fake = torch.as_tensor(fake).long().reshape(len(positions), -1)
     inside = torch.zeros_like(ids, dtype=torch.bool)
     for k, (i, a, b) in enumerate(positions):
-        assert 0 <= i < ids.shape[0] and 0 <= a < b < ids.shape[1] and not inside[i, a:b + 1].any()
+        assert 0 <= i < ids.shape[0] and 0 <= a < b < ids.shape[1] and not inside[i, a : b + 1].any()
         assert torch.equal(out[i, a + 1 : b], fake[k]) and out[i, a] == ids[i, a] and out[i, b] == ids[i, b]
         inside[i, a + 1 : b] = True
     assert torch.equal(out[~inside], ids[~inside])
@@ -372,8 +458,9 @@ POISON = st.sampled_from([math.nan, math.inf, -math.inf, 1e5, -7e4, 1e39, 0.5])
 @st.composite
 def features(draw, dims, dtype=None):
     """A small float tensor of the given shape with a few values poisoned (NaN, inf, past float16's range)."""
-    values = torch.randn(*dims, generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16))),
-                         dtype=torch.float64)
+    values = torch.randn(
+        *dims, generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16))), dtype=torch.float64
+    )
     if values.numel() and draw(st.booleans()):
         for _ in range(draw(st.integers(1, 2))):
             values.view(-1)[draw(st.integers(0, values.numel() - 1))] = draw(POISON)
@@ -387,21 +474,40 @@ def test_ptuning_setup_on_any_features(data):
     n, s, h = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 4)), data.draw(st.integers(1, 4))
     input_vit = data.draw(mostly(features((n, s, h)), st.one_of(features((s, h)), st.none(), ANY_VALUE)))
     hidden = data.draw(mostly(st.just(h), st.one_of(st.integers(-1, 5), st.just(str(h)), st.just(float(h)), ANY_VALUE)))
-    dtype = data.draw(mostly(st.sampled_from(["float32", "float16", "bfloat16", torch.float16]),
-                             st.one_of(st.just("fp16"), ANY_VALUE)))
+    dtype = data.draw(
+        mostly(
+            st.sampled_from(["float32", "float16", "bfloat16", torch.float16]), st.one_of(st.just("fp16"), ANY_VALUE)
+        )
+    )
     batch = data.draw(st.integers(1, 3))
     ids = data.draw(mostly(st.one_of(st.none(), st.just(torch.zeros(batch, 2, dtype=torch.long))), any_ids()))
-    tasks = data.draw(mostly(st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=batch, max_size=batch).map(
-        lambda t: ",".join(map(str, t)))), st.one_of(st.lists(st.integers(-1, 2**40), min_size=1, max_size=3).map(
-            lambda t: ",".join(map(str, t))), TEXT, ANY_VALUE)))
+    tasks = data.draw(
+        mostly(
+            st.one_of(
+                st.none(),
+                st.lists(st.integers(0, 3), min_size=batch, max_size=batch).map(lambda t: ",".join(map(str, t))),
+            ),
+            st.one_of(
+                st.lists(st.integers(-1, 2**40), min_size=1, max_size=3).map(lambda t: ",".join(map(str, t))),
+                TEXT,
+                ANY_VALUE,
+            ),
+        )
+    )
     result = outcome(ptuning_setup, input_vit, dtype, hidden, tasks, ids)
     if refused(result):
-        valid = (isinstance(input_vit, torch.Tensor) and input_vit.is_floating_point() and input_vit.dim() == 3
-                 and type(hidden) is int and input_vit.shape[2] == hidden and tasks is None
-                 and str(dtype) in ("float32", "float16", "bfloat16", "torch.float16")
-                 and (ids is None or isinstance(ids, torch.Tensor) and ids.dtype == torch.long and ids.dim() == 2)
-                 and bool(torch.isfinite(input_vit).all())
-                 and bool(torch.isfinite(input_vit.to(to_torch_dtype(dtype))).all()))
+        valid = (
+            isinstance(input_vit, torch.Tensor)
+            and input_vit.is_floating_point()
+            and input_vit.dim() == 3
+            and type(hidden) is int
+            and input_vit.shape[2] == hidden
+            and tasks is None
+            and str(dtype) in ("float32", "float16", "bfloat16", "torch.float16")
+            and (ids is None or isinstance(ids, torch.Tensor) and ids.dtype == torch.long and ids.dim() == 2)
+            and bool(torch.isfinite(input_vit).all())
+            and bool(torch.isfinite(input_vit.to(to_torch_dtype(dtype))).all())
+        )
         assert not valid, f"valid features were refused: {result}"
         return
     table, task_ids, task_vocab_size = result
@@ -410,8 +516,11 @@ def test_ptuning_setup_on_any_features(data):
         assert input_vit.is_floating_point() and torch.isfinite(input_vit).all() and torch.isfinite(table).all()
         assert torch.equal(table, input_vit.reshape(-1, hidden).to(table.dtype))
         assert task_vocab_size.tolist() == [input_vit.shape[1]]
-    expected_tasks = [0] * (1 if ids is None else as_batch(ids).shape[0]) if tasks is None else \
-        [int(t) for t in str(tasks).split(",")]
+    expected_tasks = (
+        [0] * (1 if ids is None else as_batch(ids).shape[0])
+        if tasks is None
+        else [int(t) for t in str(tasks).split(",")]
+    )
     assert task_ids.tolist() == expected_tasks and min(expected_tasks, default=0) >= 0
 
 
@@ -440,11 +549,25 @@ def test_prompt_tuning_embedding_on_any_lookup(data):
     dtype = data.draw(st.sampled_from(FLOAT_DTYPES))
     vocab = torch.randn(vocab_size + data.draw(st.integers(0, 2)), hidden, dtype=torch.float64).to(dtype)
     table = data.draw(features((rows, hidden), dtype))
-    ids = data.draw(st.lists(st.lists(mostly(st.integers(0, vocab_size + rows - 1), st.one_of(
-        st.integers(-1, vocab_size + rows + 4), st.sampled_from([2**63 - 1, 2**62]))), min_size=length,
-        max_size=length), min_size=batch, max_size=batch))
-    tasks = data.draw(st.lists(mostly(st.integers(0, 1), st.one_of(st.integers(-1, 4), st.just(2**62))),
-                               min_size=batch, max_size=batch))
+    ids = data.draw(
+        st.lists(
+            st.lists(
+                mostly(
+                    st.integers(0, vocab_size + rows - 1),
+                    st.one_of(st.integers(-1, vocab_size + rows + 4), st.sampled_from([2**63 - 1, 2**62])),
+                ),
+                min_size=length,
+                max_size=length,
+            ),
+            min_size=batch,
+            max_size=batch,
+        )
+    )
+    tasks = data.draw(
+        st.lists(
+            mostly(st.integers(0, 1), st.one_of(st.integers(-1, 4), st.just(2**62))), min_size=batch, max_size=batch
+        )
+    )
     tvs = data.draw(mostly(st.integers(0, 2), st.one_of(st.integers(-2, 5), st.just(2**62))))
     size = data.draw(mostly(st.just(vocab_size), st.integers(-1, vocab_size + 3)))
     tasks_kind = data.draw(mostly(st.sampled_from(["list", "tensor"]), st.just("float tensor")))
@@ -454,14 +577,24 @@ def test_prompt_tuning_embedding_on_any_lookup(data):
     tasks_arg = {"list": tasks, "tensor": torch.tensor(tasks), "float tensor": torch.tensor(tasks, dtype=torch.float32)}
     tvs_arg = {"int": tvs, "tensor": torch.tensor([tvs]), "float": float(tvs), "two values": torch.tensor([tvs, tvs])}
     ids_tensor = torch.tensor(ids, dtype=torch.long).reshape(batch, length)
-    ids_arg = {"tensor": ids_tensor, "list": ids, "float tensor": ids_tensor.double(),
-               "numpy int32": ids_tensor.numpy().astype(np.int32) if all(abs(i) < 2**31 for row in ids for i in row) else ids}
+    ids_arg = {
+        "tensor": ids_tensor,
+        "list": ids,
+        "float tensor": ids_tensor.double(),
+        "numpy int32": ids_tensor.numpy().astype(np.int32) if all(abs(i) < 2**31 for row in ids for i in row) else ids,
+    }
     table_arg = {"table too wide": table.repeat(1, 2), "table 3-D": table[None]}.get(shape_kind, table)
     vocab_arg = vocab.reshape(-1) if shape_kind == "vocab 1-D" else vocab
-    out = outcome(prompt_tuning_embedding, ids_arg[ids_kind], vocab_arg, table_arg, tasks_arg[tasks_kind],
-                  tvs_arg[tvs_kind], size)
-    well_typed = (table.dtype == dtype and tasks_kind != "float tensor" and tvs_kind in ("int", "tensor")
-                  and (ids_kind != "float tensor" or length == 0) and shape_kind == "right")  # no ids: any dtype
+    out = outcome(
+        prompt_tuning_embedding, ids_arg[ids_kind], vocab_arg, table_arg, tasks_arg[tasks_kind], tvs_arg[tvs_kind], size
+    )
+    well_typed = (
+        table.dtype == dtype
+        and tasks_kind != "float tensor"
+        and tvs_kind in ("int", "tensor")
+        and (ids_kind != "float tensor" or length == 0)
+        and shape_kind == "right"
+    )  # no ids: any dtype
     in_range = 1 <= size <= len(vocab) and min(tasks) >= 0 and tvs >= 0
     plan = reference_rows(ids, tasks, tvs, size, table) if in_range else None
     if refused(out):
@@ -477,8 +610,9 @@ def test_prompt_tuning_embedding_on_any_lookup(data):
 # the runners' one request check (the engine's ModelRunner and TRTLLMRunner share it)
 
 SMALL_V, SMALL_H = 50, 4  # a vocabulary and hidden size small enough to reason about every id
-LIMITS = BuildConfig(max_batch_size=3, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=768,
-                     max_beam_width=2)
+LIMITS = BuildConfig(
+    max_batch_size=3, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=768, max_beam_width=2
+)
 
 
 def expected_rows(ids, table, tasks, tvs, per_task):
@@ -505,8 +639,17 @@ def test_check_request_on_any_request(data):
     tables = data.draw(st.integers(1, 3))
     tvs = data.draw(mostly(st.integers(1, max(rows, 1)), st.integers(-1, 400)))
     in_flight = data.draw(st.booleans())
-    ids = data.draw(st.lists(st.lists(mostly(st.integers(0, SMALL_V + rows + 2), st.sampled_from(
-        [-1, 2**31, 2**32 + SMALL_V + 3, 2**62])), min_size=1, max_size=6), min_size=batch, max_size=batch))
+    ids = data.draw(
+        st.lists(
+            st.lists(
+                mostly(st.integers(0, SMALL_V + rows + 2), st.sampled_from([-1, 2**31, 2**32 + SMALL_V + 3, 2**62])),
+                min_size=1,
+                max_size=6,
+            ),
+            min_size=batch,
+            max_size=batch,
+        )
+    )
     tasks = data.draw(st.lists(st.integers(-1, 3), min_size=batch, max_size=batch))
     task_form = data.draw(mostly(st.sampled_from(["string", "list", "default"]), st.just("garbage")))
     max_new = data.draw(mostly(st.integers(1, 20), st.sampled_from([0, -3, 2.5, None, True, 10**6])))
@@ -517,8 +660,21 @@ def test_check_request_on_any_request(data):
     shape = (tables, rows, SMALL_H) if per_task else (tables * max(rows, 1), SMALL_H)
     table = None if rows == 0 else torch.full(shape, value, dtype=dtype)
     prompt_tasks = {"string": ",".join(map(str, tasks)), "list": tasks, "default": None, "garbage": "a,b"}[task_form]
-    out = outcome(check_request, LIMITS, SMALL_V, SMALL_H, [torch.tensor(s) for s in ids], table, prompt_tasks,
-                  None if per_task else tvs, max_new, beams, end_id, 0, in_flight)
+    out = outcome(
+        check_request,
+        LIMITS,
+        SMALL_V,
+        SMALL_H,
+        [torch.tensor(s) for s in ids],
+        table,
+        prompt_tasks,
+        None if per_task else tvs,
+        max_new,
+        beams,
+        end_id,
+        0,
+        in_flight,
+    )
     if refused(out):
         return
     # accepted: every limit held, every id lies below vocab_size + the rows it may read
@@ -543,6 +699,7 @@ def test_check_request_on_any_request(data):
 
 # engine directories: a deleted, truncated or edited file is refused, never loaded
 
+
 @pytest.fixture(scope="module")
 def small_engine(tmp_path_factory):
     """A small engine directory (a 1000-id vocabulary) to damage copies of."""
@@ -553,12 +710,15 @@ def small_engine(tmp_path_factory):
     from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 
     torch.manual_seed(0)
-    checkpoint = save_checkpoint(QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})),
-                                 tmp_path_factory.mktemp("small-ckpt"))
+    checkpoint = save_checkpoint(
+        QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})), tmp_path_factory.mktemp("small-ckpt")
+    )
     assert _json.loads((checkpoint / "config.json").read_text())["vocab_size"] == 1000
-    return build_engine(checkpoint, tmp_path_factory.mktemp("small") / "engine",
-                        BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320,
-                                    max_prompt_embedding_table_size=256))
+    return build_engine(
+        checkpoint,
+        tmp_path_factory.mktemp("small") / "engine",
+        BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=256),
+    )
 
 
 DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty")

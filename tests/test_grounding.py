@@ -11,10 +11,29 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFont
 
 from qwenvl_lab import grounding
-from qwenvl_lab.grounding import (PALETTE, Box, box_answer, check_box, draw_boxes, iou, parse_boxes, to_grid,
-                                  to_list_format, to_pixels)
-from qwenvl_lab.tokenizing import (BOX_END_ID, BOX_START_ID, IMG_TOKEN_SPAN, QUAD_END_ID, QUAD_START_ID, REF_END_ID,
-                                   REF_START_ID, Query, make_context)
+from qwenvl_lab.grounding import (
+    PALETTE,
+    Box,
+    box_answer,
+    check_box,
+    draw_boxes,
+    iou,
+    parse_boxes,
+    to_grid,
+    to_list_format,
+    to_pixels,
+)
+from qwenvl_lab.tokenizing import (
+    BOX_END_ID,
+    BOX_START_ID,
+    IMG_TOKEN_SPAN,
+    QUAD_END_ID,
+    QUAD_START_ID,
+    REF_END_ID,
+    REF_START_ID,
+    Query,
+    make_context,
+)
 
 ANSWER = "<ref>the red circle</ref><box>(100,200),(600,900)</box>"
 
@@ -46,13 +65,23 @@ def _normal_form(elements):
 
 # reading the list format
 
+
 def test_query_ids_and_text_read_back_to_the_list(tokenizer):
-    elements = [{"image": "a.png"}, {"text": "Where is it?"}, {"ref": "the red circle", "box": [(1, 2, 300, 400)]},
-                {"text": " and "}, {"box": [(5, 6, 7, 8), (0, 0, 1000, 1000)]}, {"image": "b.png"}, {"ref": "红色"}]
+    elements = [
+        {"image": "a.png"},
+        {"text": "Where is it?"},
+        {"ref": "the red circle", "box": [(1, 2, 300, 400)]},
+        {"text": " and "},
+        {"box": [(5, 6, 7, 8), (0, 0, 1000, 1000)]},
+        {"image": "b.png"},
+        {"ref": "红色"},
+    ]
     query = tokenizer.from_list_format(elements)
-    assert str(query) == ("Picture 1: <img>a.png</img>\nWhere is it?<ref>the red circle</ref><box>(1,2),(300,400)</box>"
-                          " and <box>(5,6),(7,8)</box><box>(0,0),(1000,1000)</box>Picture 2: <img>b.png</img>\n"
-                          "<ref>红色</ref>")
+    assert str(query) == (
+        "Picture 1: <img>a.png</img>\nWhere is it?<ref>the red circle</ref><box>(1,2),(300,400)</box>"
+        " and <box>(5,6),(7,8)</box><box>(0,0),(1000,1000)</box>Picture 2: <img>b.png</img>\n"
+        "<ref>红色</ref>"
+    )
     for source in (query, str(query)):
         assert to_list_format(source) == elements
     ids = tokenizer.encode(query)
@@ -62,10 +91,17 @@ def test_query_ids_and_text_read_back_to_the_list(tokenizer):
 
 def test_a_ref_takes_the_boxes_right_after_it():
     text = "<ref>a</ref><box>(1,2),(3,4)</box><box>(5,6),(7,8)</box><ref>b</ref>x<box>(0,0),(1,1)</box>"
-    assert to_list_format(text) == [{"ref": "a", "box": [(1, 2, 3, 4), (5, 6, 7, 8)]}, {"ref": "b"}, {"text": "x"},
-                                    {"box": [(0, 0, 1, 1)]}]
+    assert to_list_format(text) == [
+        {"ref": "a", "box": [(1, 2, 3, 4), (5, 6, 7, 8)]},
+        {"ref": "b"},
+        {"text": "x"},
+        {"box": [(0, 0, 1, 1)]},
+    ]
     assert to_list_format("<ref></ref> <box> ( 1, 2 ),(3 ,4) </box>") == [
-        {"ref": ""}, {"text": " "}, {"box": [(1, 2, 3, 4)]}]
+        {"ref": ""},
+        {"text": " "},
+        {"box": [(1, 2, 3, 4)]},
+    ]
 
 
 def test_ids_read_tags_only_from_special_ids_and_text_reads_typed_tags(tokenizer):
@@ -73,8 +109,14 @@ def test_ids_read_tags_only_from_special_ids_and_text_reads_typed_tags(tokenizer
     assert to_list_format(typed) == [{"text": str(typed)}]
     assert to_list_format(tokenizer.encode(str(typed)), tokenizer) == [{"text": str(typed)}]
     assert to_list_format(str(typed)) == [{"text": "a "}, {"ref": "b", "box": [(1, 2, 3, 4)]}]
-    ids = tokenizer.encode("x") + [REF_START_ID] + tokenizer.encode("y") + [REF_END_ID, BOX_START_ID] \
-        + tokenizer.encode("(0,0),(10,10)") + [BOX_END_ID]
+    ids = (
+        tokenizer.encode("x")
+        + [REF_START_ID]
+        + tokenizer.encode("y")
+        + [REF_END_ID, BOX_START_ID]
+        + tokenizer.encode("(0,0),(10,10)")
+        + [BOX_END_ID]
+    )
     assert to_list_format(ids, tokenizer) == [{"text": "x"}, {"ref": "y", "box": [(0, 0, 10, 10)]}]
 
 
@@ -83,24 +125,36 @@ def test_quad_and_other_special_tokens_stay_text(tokenizer):
     assert to_list_format(ids, tokenizer) == [{"text": "<quad>(1,2),(3,4),(5,6),(7,8)</quad>"}]
     assert to_list_format("<quad>(1,2)</quad>") == [{"text": "<quad>(1,2)</quad>"}]
     raw_text, context = make_context(tokenizer, tokenizer.from_list_format([{"image": "a.png"}, {"text": "hi"}]))
-    expected = [{"text": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"},
-                {"image": "a.png"}, {"text": "hi<|im_end|>\n<|im_start|>assistant\n"}]
+    expected = [
+        {"text": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"},
+        {"image": "a.png"},
+        {"text": "hi<|im_end|>\n<|im_start|>assistant\n"},
+    ]
     assert to_list_format(raw_text) == to_list_format(context, tokenizer) == to_list_format(str(raw_text)) == expected
 
 
 def test_picture_labels_are_dropped_only_where_from_list_format_wrote_both():
     assert to_list_format("<img>a</img>\nhi") == [{"image": "a"}, {"text": "\nhi"}]
     assert to_list_format("Picture 1: <img>a</img>hi") == [{"text": "Picture 1: "}, {"image": "a"}, {"text": "hi"}]
-    assert to_list_format("Picture 3: Picture 7: <img>a</img>\n\n") == [{"text": "Picture 3: "}, {"image": "a"},
-                                                                       {"text": "\n"}]
+    assert to_list_format("Picture 3: Picture 7: <img>a</img>\n\n") == [
+        {"text": "Picture 3: "},
+        {"image": "a"},
+        {"text": "\n"},
+    ]
     # two turns of a conversation each number their pictures from 1
     assert to_list_format("Picture 1: <img>a</img>\nq<|im_end|>Picture 1: <img>b</img>\n") == [
-        {"image": "a"}, {"text": "q<|im_end|>"}, {"image": "b"}]
+        {"image": "a"},
+        {"text": "q<|im_end|>"},
+        {"image": "b"},
+    ]
 
 
 def test_plain_text_is_read_nfc_and_image_paths_exact():
     assert to_list_format("e\u0301<ref>e\u0301</ref><img>e\u0301.png</img>") == [
-        {"text": "é"}, {"ref": "é"}, {"image": "e\u0301.png"}]
+        {"text": "é"},
+        {"ref": "é"},
+        {"image": "e\u0301.png"},
+    ]
 
 
 def test_reading_ids_needs_the_tokenizer(tokenizer):
@@ -113,9 +167,13 @@ def test_reading_ids_needs_the_tokenizer(tokenizer):
 
 
 PATH = st.text(min_size=1, max_size=24).filter(lambda p: len(p.encode("utf-8")) <= IMG_TOKEN_SPAN)
-TEXT = st.lists(st.one_of(st.text(max_size=8), st.sampled_from(["\n", "Picture 1: ", "Picture 2: ", "<ref>", "<box>",
-                                                                 "</img>", "e\u0301", "\u0301", " "])),
-                max_size=4).map("".join)
+TEXT = st.lists(
+    st.one_of(
+        st.text(max_size=8),
+        st.sampled_from(["\n", "Picture 1: ", "Picture 2: ", "<ref>", "<box>", "</img>", "e\u0301", "\u0301", " "]),
+    ),
+    max_size=4,
+).map("".join)
 BOXES = st.lists(st.tuples(*[st.integers(0, 1000)] * 4), max_size=2)
 ELEMENT = st.one_of(
     st.builds(lambda p: {"image": p}, PATH),
@@ -150,6 +208,7 @@ def test_to_list_format_reads_the_query_text_when_texts_hold_no_tags(tokenizer, 
 
 # boxes on pictures
 
+
 def test_grid_and_pixels_round_trip_for_pictures_up_to_1000_pixels():
     for size in (1, 2, 3, 7, 36, 224, 448, 999, 1000):
         for p in range(size + 1):
@@ -166,8 +225,9 @@ def test_boxes_scale_to_the_pixels_of_pictures_of_any_size(image_files):
     expected = {"red": (4, 6, 24, 27), "noise": (4, 7, 22, 32), "gradient": (5, 13, 30, 58)}
     for name, pixels in expected.items():
         [box] = parse_boxes(ANSWER, picture=image_files[name])
-        assert box == Box("the red circle", (100, 200, 600, 900), pixels, image_files[name],
-                          Image.open(image_files[name]).size)
+        assert box == Box(
+            "the red circle", (100, 200, 600, 900), pixels, image_files[name], Image.open(image_files[name]).size
+        )
     picture = Image.new("RGB", (1000, 10))
     [box] = parse_boxes(ANSWER, picture=picture)
     assert box.pixels == (100, 2, 600, 9) and box.picture is picture and box.size == (1000, 10)
@@ -175,11 +235,17 @@ def test_boxes_scale_to_the_pixels_of_pictures_of_any_size(image_files):
 
 def test_each_box_refers_to_the_latest_picture_before_it(tokenizer, image_files):
     red, noise, gradient = (str(image_files[k]) for k in ("red", "noise", "gradient"))
-    query = tokenizer.from_list_format([
-        {"image": red}, {"text": "a"}, {"ref": "first", "box": [(0, 0, 500, 500)]},
-        {"image": noise}, {"image": gradient}, {"box": [(500, 500, 1000, 1000)]},
-        {"ref": "third", "box": [(0, 0, 1000, 1000)]},
-    ])
+    query = tokenizer.from_list_format(
+        [
+            {"image": red},
+            {"text": "a"},
+            {"ref": "first", "box": [(0, 0, 500, 500)]},
+            {"image": noise},
+            {"image": gradient},
+            {"box": [(500, 500, 1000, 1000)]},
+            {"ref": "third", "box": [(0, 0, 1000, 1000)]},
+        ]
+    )
     for boxes in (parse_boxes(query), parse_boxes(tokenizer.encode(query), tokenizer), parse_boxes(str(query))):
         assert [(b.label, b.picture, b.size, b.pixels) for b in boxes] == [
             ("first", red, (40, 30), (0, 0, 20, 15)),
@@ -193,8 +259,11 @@ def test_each_box_refers_to_the_latest_picture_before_it(tokenizer, image_files)
 
 def test_a_history_answer_refers_to_the_picture_of_its_turn(tokenizer, image_files):
     first = tokenizer.from_list_format([{"image": str(image_files["red"])}, {"text": "where?"}])
-    raw_text, _ = make_context(tokenizer, tokenizer.from_list_format([{"image": str(image_files["gradient"])}]),
-                               history=[(first, box_answer("the red circle", (100, 200, 600, 900)))])
+    raw_text, _ = make_context(
+        tokenizer,
+        tokenizer.from_list_format([{"image": str(image_files["gradient"])}]),
+        history=[(first, box_answer("the red circle", (100, 200, 600, 900)))],
+    )
     conversation = Query([*raw_text.segments, ("text", "see "), *box_answer("it", (0, 0, 500, 500)).segments])
     for source in (conversation, tokenizer.encode(conversation)):
         [earlier, later] = parse_boxes(source, tokenizer)
@@ -235,7 +304,8 @@ def test_a_box_before_any_picture_needs_a_named_picture(image_files):
         parse_boxes(ANSWER)
     with pytest.warns(UserWarning, match="before any picture"):
         assert parse_boxes(ANSWER + f"<img>{image_files['red']}</img>" + ANSWER, strict=False) == [
-            Box("the red circle", (100, 200, 600, 900), (4, 6, 24, 27), str(image_files["red"]), (40, 30))]
+            Box("the red circle", (100, 200, 600, 900), (4, 6, 24, 27), str(image_files["red"]), (40, 30))
+        ]
 
 
 def test_to_list_format_is_strict_about_tags_but_not_about_box_order():
@@ -259,6 +329,7 @@ def test_missing_or_unreadable_pictures_get_a_clear_error(tmp_path):
 
 
 # box answers and IoU
+
 
 def test_box_answer_is_made_of_the_special_tokens(tokenizer):
     answer = box_answer("红色的圆形", (12, 34, 560, 780))
@@ -293,6 +364,7 @@ def test_iou_values():
 
 
 # drawing
+
 
 def _picture():
     return Image.new("RGB", (200, 100), (250, 250, 250))

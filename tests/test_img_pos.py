@@ -150,20 +150,26 @@ def test_empty_ids():
 
 @pytest.mark.parametrize("ids", ["abc", None, 3.5, {"ids": [1]}, b"\x01\x02"])
 def test_input_of_a_wrong_type_says_what_it_takes(ids):
-    with pytest.raises(TypeError, match=r"input_ids must be a torch tensor, a numpy array or a \(nested\) list of ints, "
-                                        r"got (str|NoneType|float|dict|bytes)"):
+    with pytest.raises(
+        TypeError,
+        match=r"input_ids must be a torch tensor, a numpy array or a \(nested\) list of ints, "
+        r"got (str|NoneType|float|dict|bytes)",
+    ):
         locate_img_pos(ids)
 
 
-@pytest.mark.parametrize("ids, error, match", [
-    ([[1, 2], [3]], ValueError, "rows of input_ids have different lengths: pad them"),
-    ([1, 2**64], ValueError, "input_ids hold 18446744073709551616, outside int64"),
-    (np.array([2**63], dtype=np.uint64), ValueError, "past the largest int64"),
-    (["a", "b"], TypeError, "input_ids must hold integers, got numpy dtype <U1"),
-    ([1, None], TypeError, "input_ids must hold integers, got numpy dtype object"),
-    ([[1.0, 2.0]], TypeError, "input_ids must hold integers, got numpy dtype float64"),
-    (torch.zeros(2, dtype=torch.complex64), TypeError, "input_ids must hold integers"),
-])
+@pytest.mark.parametrize(
+    "ids, error, match",
+    [
+        ([[1, 2], [3]], ValueError, "rows of input_ids have different lengths: pad them"),
+        ([1, 2**64], ValueError, "input_ids hold 18446744073709551616, outside int64"),
+        (np.array([2**63], dtype=np.uint64), ValueError, "past the largest int64"),
+        (["a", "b"], TypeError, "input_ids must hold integers, got numpy dtype <U1"),
+        ([1, None], TypeError, "input_ids must hold integers, got numpy dtype object"),
+        ([[1.0, 2.0]], TypeError, "input_ids must hold integers, got numpy dtype float64"),
+        (torch.zeros(2, dtype=torch.complex64), TypeError, "input_ids must hold integers"),
+    ],
+)
 def test_ids_that_are_not_int64_token_ids(ids, error, match):
     with pytest.raises(error, match=match):
         locate_img_pos(ids)

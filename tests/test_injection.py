@@ -61,8 +61,12 @@ def test_the_three_ways_agree_with_real_ids():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=4),
-       st.integers(256, 400), st.integers(1, 5), st.integers(0, 2**16))
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=4),
+    st.integers(256, 400),
+    st.integers(1, 5),
+    st.integers(0, 2**16),
+)
 def test_the_three_ways_agree_on_random_batches(layout, image_start_id, hidden, seed):
     """Rows described by the counts of text ids around 0–2 spans, with a small vocabulary and its own tag ids."""
     rows = []

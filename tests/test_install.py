@@ -27,14 +27,19 @@ REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 PLATFORMS = {  # marker environments: (platform_system, platform_machine)
-    "linux-x86_64": ("Linux", "x86_64"), "linux-aarch64": ("Linux", "aarch64"),
-    "macos-arm64": ("Darwin", "arm64"), "macos-x86_64": ("Darwin", "x86_64"), "windows": ("Windows", "AMD64"),
+    "linux-x86_64": ("Linux", "x86_64"),
+    "linux-aarch64": ("Linux", "aarch64"),
+    "macos-arm64": ("Darwin", "arm64"),
+    "macos-x86_64": ("Darwin", "x86_64"),
+    "windows": ("Windows", "AMD64"),
 }
 
 
 def requirement(extra: str, name: str) -> Requirement:
     """The requirement on `name` in optional-dependencies[extra]."""
-    found = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"][extra] if Requirement(r).name == name]
+    found = [
+        Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"][extra] if Requirement(r).name == name
+    ]
     assert len(found) == 1, f"{extra} lists {name} {len(found)} times"
     return found[0]
 
@@ -54,7 +59,12 @@ def test_course_extra_needs_no_test_tools_and_nothing_installs_dashscope():
     course = {Requirement(r).name for r in PYPROJECT["project"]["optional-dependencies"]["course"]}
     assert {"jupyterlab", "ipywidgets", "nbval"} <= course
     assert not course & {"pytest", "hypothesis", "triton"}
-    installers = [REPO / "Makefile", REPO / "environment.yml", REPO / "requirements-trtllm.txt", REPO / "pyproject.toml"]
+    installers = [
+        REPO / "Makefile",
+        REPO / "environment.yml",
+        REPO / "requirements-trtllm.txt",
+        REPO / "pyproject.toml",
+    ]
     assert [p.name for p in installers if "dashscope" in p.read_text(encoding="utf-8")] == []
 
 
@@ -67,14 +77,27 @@ def test_wheel_lists_every_subpackage():
 
 def test_package_data_globs_cover_every_data_file():
     data = REPO / SETUPTOOLS["package-dir"]["qwenvl_lab.data"]
-    globs = [(data.joinpath(*package.split(".")[2:]), pattern)
-             for package, patterns in SETUPTOOLS["package-data"].items() for pattern in patterns]
-    files = [p for p in data.rglob("*") if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts]
-    missed = [str(p.relative_to(data)) for p in files
-              if not any(p.is_relative_to(folder) and fnmatch.fnmatch(p.relative_to(folder).as_posix(), pattern)
-                         for folder, pattern in globs)]
+    globs = [
+        (data.joinpath(*package.split(".")[2:]), pattern)
+        for package, patterns in SETUPTOOLS["package-data"].items()
+        for pattern in patterns
+    ]
+    files = [
+        p
+        for p in data.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts
+    ]
+    missed = [
+        str(p.relative_to(data))
+        for p in files
+        if not any(
+            p.is_relative_to(folder) and fnmatch.fnmatch(p.relative_to(folder).as_posix(), pattern)
+            for folder, pattern in globs
+        )
+    ]
     assert {"qwen.tiktoken", "toy-qwen-vl/model.safetensors", "images/red_circle.png"} <= {
-        p.relative_to(data).as_posix() for p in files}
+        p.relative_to(data).as_posix() for p in files
+    }
     assert missed == [], f"these data files would be left out of the wheel: add them to package-data: {missed}"
 
 
@@ -155,8 +178,22 @@ def wheel(tmp_path_factory):
             shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
         else:
             (source / name).write_bytes(path.read_bytes())
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    "-w", str(out), str(source)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        check=True,
+    )
     (built,) = out.glob("qwenvl_lab-*.whl")
     return built
 
@@ -164,9 +201,14 @@ def wheel(tmp_path_factory):
 @pytest.mark.slow
 def test_wheel_carries_the_data_and_stays_small(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"qwenvl_lab/data/qwen.tiktoken", "qwenvl_lab/data/toy-qwen-vl/model.safetensors",
-            "qwenvl_lab/data/toy-qwen-vl/config.json", "qwenvl_lab/data/images/red_circle.png",
-            "qwenvl_lab/data/README.md", "qwenvl_lab/resources.py"} <= names
+    assert {
+        "qwenvl_lab/data/qwen.tiktoken",
+        "qwenvl_lab/data/toy-qwen-vl/model.safetensors",
+        "qwenvl_lab/data/toy-qwen-vl/config.json",
+        "qwenvl_lab/data/images/red_circle.png",
+        "qwenvl_lab/data/README.md",
+        "qwenvl_lab/resources.py",
+    } <= names
     assert wheel.stat().st_size < 8 * 2**20  # the 81 MB toy checkpoint is mostly zeros and compresses to ~1 MB
 
 
@@ -176,15 +218,36 @@ def test_installed_wheel_loads_the_toy_model_and_answers(wheel, tmp_path):
     run_dir.mkdir()
     venv.create(env_dir, with_pip=False)
     python = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheel)], check=True)
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+    )
     # torch, transformers, … come from this test environment; a path line does not run its .pth files, so the
     # editable install of qwenvl_lab stays invisible
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "test_environment.pth").write_text("\n".join(sorted(ours)) + "\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", resources.OUTPUT_ENV, "QWENVL_LAB_CHECKPOINT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", resources.OUTPUT_ENV, "QWENVL_LAB_CHECKPOINT")
+    }
     env["XDG_CACHE_HOME"] = str(cache)  # the per-user output folder, on Linux
     result = subprocess.run([python, "-c", PROBE], cwd=run_dir, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -60,8 +60,10 @@ def test_reset_of_a_missing_or_unchanged_copy_makes_no_backup(course):
     assert not (course / "my-notebooks" / "backup").exists()
 
 
-@pytest.mark.parametrize("name, problem", [("0", "3 course notebooks match '0'"), ("09", "no course notebook matches"),
-                                           ("", "3 course notebooks match ''")])
+@pytest.mark.parametrize(
+    "name, problem",
+    [("0", "3 course notebooks match '0'"), ("09", "no course notebook matches"), ("", "3 course notebooks match ''")],
+)
 def test_reset_names_one_course_notebook(course, name, problem):
     with pytest.raises(ValueError, match=problem) as err:
         lab.reset_notebook(course / "notebooks", course / "my-notebooks", name)
@@ -90,10 +92,13 @@ def test_environment_puts_the_course_config_first_and_outputs_in_the_clone(tmp_p
 
 def test_jupyterlab_sees_the_news_announcements_switched_off():
     pytest.importorskip("jupyterlab_server", reason="JupyterLab is not installed (the course extra)")
-    code = ("from jupyterlab_server.config import get_static_page_config; "
-            "print(get_static_page_config().get('disabledExtensions', {}))")
-    shipped = subprocess.run([sys.executable, "-c", code], env=lab.lab_environment(REPO), capture_output=True,
-                             text=True, check=True).stdout
+    code = (
+        "from jupyterlab_server.config import get_static_page_config; "
+        "print(get_static_page_config().get('disabledExtensions', {}))"
+    )
+    shipped = subprocess.run(
+        [sys.executable, "-c", code], env=lab.lab_environment(REPO), capture_output=True, text=True, check=True
+    ).stdout
     assert "'@jupyterlab/apputils-extension:announcements': True" in shipped
 
 
@@ -112,8 +117,10 @@ def test_command_line_reset(monkeypatch, course, capsys):
     lab.copy_course_notebooks(course / "notebooks", course / "my-notebooks")
     (course / "my-notebooks" / "00_welcome.ipynb").write_text("mine")
     assert lab.main(["--reset", "00"]) == 0
-    assert "restored my-notebooks/00_welcome.ipynb from notebooks/; your copy is now my-notebooks/backup/" in \
-        capsys.readouterr().out.replace(os.sep, "/")
+    assert (
+        "restored my-notebooks/00_welcome.ipynb from notebooks/; your copy is now my-notebooks/backup/"
+        in capsys.readouterr().out.replace(os.sep, "/")
+    )
     with pytest.raises(SystemExit) as exit_:
         lab.main(["--reset", "7"])
     assert exit_.value.code == 2 and "no course notebook matches '7'" in capsys.readouterr().err

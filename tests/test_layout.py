@@ -53,15 +53,24 @@ def test_visual_keys_are_excluded(tiny_model):
         trtllm_name("transformer.visual.transformer.resblocks.0.attn.in_proj.weight")
 
 
-@pytest.mark.parametrize("key", ["transformer.h.0.mlp.w3.weight", "transformer.h.x.ln_1.weight", "lm_head.bias",
-                                 "h.0.ln_1.weight", "transformer.h.0.ln_1.weight.extra"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "transformer.h.0.mlp.w3.weight",
+        "transformer.h.x.ln_1.weight",
+        "lm_head.bias",
+        "h.0.ln_1.weight",
+        "transformer.h.0.ln_1.weight.extra",
+    ],
+)
 def test_unknown_hf_keys(key):
     with pytest.raises(KeyError, match="not a Qwen-VL language-model weight"):
         trtllm_name(key)
 
 
-@pytest.mark.parametrize("key", ["transformer.layers.0.mlp.up.weight", "transformer.vocab_embedding.bias",
-                                 "transformer.h.0.ln_1.weight"])
+@pytest.mark.parametrize(
+    "key", ["transformer.layers.0.mlp.up.weight", "transformer.vocab_embedding.bias", "transformer.h.0.ln_1.weight"]
+)
 def test_unknown_trtllm_keys(key):
     with pytest.raises(KeyError, match="not a TensorRT-LLM QWen checkpoint weight"):
         hf_name(key)

@@ -10,7 +10,13 @@ from qwenvl_lab.checkpoint import TINY_CONFIG
 from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.modeling import (
-    QWEN_VL_CHAT_VISUAL, QWenMLP, QWenVLConfig, RMSNorm, apply_rope, attention_bias, rope_cos_sin,
+    QWEN_VL_CHAT_VISUAL,
+    QWenMLP,
+    QWenVLConfig,
+    RMSNorm,
+    apply_rope,
+    attention_bias,
+    rope_cos_sin,
 )
 from qwenvl_lab.prompt_table import per_request_tables, ptuning_setup
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, MODEL_VOCAB_SIZE, decode_image_path, make_context
@@ -28,14 +34,35 @@ def seeded(seed: int) -> torch.Generator:
 def test_config_defaults_are_qwen_vl_chat():
     config = QWenVLConfig()
     expected = dict(
-        vocab_size=151936, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=22016,
-        kv_channels=128, rotary_pct=1.0, rotary_emb_base=10000, seq_length=2048, max_position_embeddings=8192,
-        layer_norm_epsilon=1e-6, use_dynamic_ntk=True, use_logn_attn=True, no_bias=True, tie_word_embeddings=False,
-        model_type="qwen", architectures=["QWenLMHeadModel"],
+        vocab_size=151936,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        intermediate_size=22016,
+        kv_channels=128,
+        rotary_pct=1.0,
+        rotary_emb_base=10000,
+        seq_length=2048,
+        max_position_embeddings=8192,
+        layer_norm_epsilon=1e-6,
+        use_dynamic_ntk=True,
+        use_logn_attn=True,
+        no_bias=True,
+        tie_word_embeddings=False,
+        model_type="qwen",
+        architectures=["QWenLMHeadModel"],
     )
     assert {k: getattr(config, k) for k in expected} == expected
-    assert config.visual == dict(heads=16, image_size=448, image_start_id=151857, layers=48, mlp_ratio=4.9231,
-                                 output_dim=4096, patch_size=14, width=1664)
+    assert config.visual == dict(
+        heads=16,
+        image_size=448,
+        image_start_id=151857,
+        layers=48,
+        mlp_ratio=4.9231,
+        output_dim=4096,
+        patch_size=14,
+        width=1664,
+    )
     assert config.visual == QWEN_VL_CHAT_VISUAL and config.visual is not QWEN_VL_CHAT_VISUAL  # a copy
 
 
@@ -54,38 +81,43 @@ def test_config_checks_sizes():
         QWenVLConfig(**{**TINY_CONFIG, "visual": {**TINY_CONFIG["visual"], "output_dim": 64}})
 
 
-
-@pytest.mark.parametrize("changes, error, match", [
-    ({"hidden_size": "128"}, TypeError, "hidden_size must be an int, got str '128'"),
-    ({"num_hidden_layers": 2.0}, TypeError, "num_hidden_layers must be an int, got float 2.0"),
-    ({"num_attention_heads": 0}, ValueError, "num_attention_heads must be an int >= 1, got 0"),
-    ({"vocab_size": True}, TypeError, "vocab_size must be an int, got bool"),
-    ({"layer_norm_epsilon": 0.0}, ValueError, "layer_norm_epsilon must be a finite number > 0, got 0.0"),
-    ({"layer_norm_epsilon": float("nan")}, ValueError, "layer_norm_epsilon must be a finite number > 0, got nan"),
-    ({"layer_norm_epsilon": "1e-6"}, TypeError, "layer_norm_epsilon must be a number, got str"),
-    ({"rotary_emb_base": -10000}, ValueError, "rotary_emb_base must be a finite number > 0"),
-    ({"rotary_emb_base": float("inf")}, ValueError, "rotary_emb_base must be a finite number > 0"),
-    ({"rotary_pct": 1.5}, ValueError, "rotary_pct must be a finite number > 0 and <= 1"),
-    ({"rotary_pct": 0.01}, ValueError, "gives 0 rotary dims per head; RoPE needs an even number >= 2"),
-    ({"use_logn_attn": "false"}, TypeError, "use_logn_attn must be true or false, got str"),
-    ({"visual": [1, 2]}, TypeError, "visual must be a dict"),
-    ({"visual": {"heads": 2}}, ValueError, r"visual lacks \['image_size', 'image_start_id'"),
-])
+@pytest.mark.parametrize(
+    "changes, error, match",
+    [
+        ({"hidden_size": "128"}, TypeError, "hidden_size must be an int, got str '128'"),
+        ({"num_hidden_layers": 2.0}, TypeError, "num_hidden_layers must be an int, got float 2.0"),
+        ({"num_attention_heads": 0}, ValueError, "num_attention_heads must be an int >= 1, got 0"),
+        ({"vocab_size": True}, TypeError, "vocab_size must be an int, got bool"),
+        ({"layer_norm_epsilon": 0.0}, ValueError, "layer_norm_epsilon must be a finite number > 0, got 0.0"),
+        ({"layer_norm_epsilon": float("nan")}, ValueError, "layer_norm_epsilon must be a finite number > 0, got nan"),
+        ({"layer_norm_epsilon": "1e-6"}, TypeError, "layer_norm_epsilon must be a number, got str"),
+        ({"rotary_emb_base": -10000}, ValueError, "rotary_emb_base must be a finite number > 0"),
+        ({"rotary_emb_base": float("inf")}, ValueError, "rotary_emb_base must be a finite number > 0"),
+        ({"rotary_pct": 1.5}, ValueError, "rotary_pct must be a finite number > 0 and <= 1"),
+        ({"rotary_pct": 0.01}, ValueError, "gives 0 rotary dims per head; RoPE needs an even number >= 2"),
+        ({"use_logn_attn": "false"}, TypeError, "use_logn_attn must be true or false, got str"),
+        ({"visual": [1, 2]}, TypeError, "visual must be a dict"),
+        ({"visual": {"heads": 2}}, ValueError, r"visual lacks \['image_size', 'image_start_id'"),
+    ],
+)
 def test_config_checks_types_and_values(changes, error, match):
     with pytest.raises(error, match=match):
         QWenVLConfig(**{**TINY_CONFIG, **changes})
 
 
-@pytest.mark.parametrize("changes, error, match", [
-    ({"heads": "2"}, TypeError, "visual.heads must be an int, got str '2'"),
-    ({"width": 64.0}, TypeError, "visual.width must be an int, got float"),
-    ({"layers": -1}, ValueError, "visual.layers must be an int >= 1"),
-    ({"mlp_ratio": float("nan")}, ValueError, "visual.mlp_ratio must be a finite number > 0"),
-    ({"mlp_ratio": "2"}, TypeError, "visual.mlp_ratio must be a number, got str"),
-    ({"image_start_id": None}, TypeError, "visual.image_start_id must be an int, got NoneType"),
-    ({"heads": 3}, ValueError, "visual.width 64 must be a multiple of visual.heads 3"),
-    ({"patch_size": 60}, ValueError, "visual.patch_size 60 exceeds visual.image_size 56"),
-])
+@pytest.mark.parametrize(
+    "changes, error, match",
+    [
+        ({"heads": "2"}, TypeError, "visual.heads must be an int, got str '2'"),
+        ({"width": 64.0}, TypeError, "visual.width must be an int, got float"),
+        ({"layers": -1}, ValueError, "visual.layers must be an int >= 1"),
+        ({"mlp_ratio": float("nan")}, ValueError, "visual.mlp_ratio must be a finite number > 0"),
+        ({"mlp_ratio": "2"}, TypeError, "visual.mlp_ratio must be a number, got str"),
+        ({"image_start_id": None}, TypeError, "visual.image_start_id must be an int, got NoneType"),
+        ({"heads": 3}, ValueError, "visual.width 64 must be a multiple of visual.heads 3"),
+        ({"patch_size": 60}, ValueError, "visual.patch_size 60 exceeds visual.image_size 56"),
+    ],
+)
 def test_config_checks_the_visual_fields(changes, error, match):
     with pytest.raises(error, match=match):
         QWenVLConfig(**{**TINY_CONFIG, "visual": {**TINY_CONFIG["visual"], **changes}})
@@ -94,10 +126,25 @@ def test_config_checks_the_visual_fields(changes, error, match):
 def test_config_checks_the_resampler_heads():
     # output_dim 260 → 2 resampler heads of 130: fine; 388 → 3 heads do not divide it
     with pytest.raises(ValueError, match=r"visual.output_dim 388 must be a multiple of 4 .* resampler's 3 heads"):
-        QWenVLConfig(**{**TINY_CONFIG, "hidden_size": 388, "kv_channels": 194,
-                        "visual": {**TINY_CONFIG["visual"], "output_dim": 388}})
-    assert QWenVLConfig(**{**TINY_CONFIG, "hidden_size": 260, "kv_channels": 130,
-                           "visual": {**TINY_CONFIG["visual"], "output_dim": 260}}).hidden_size == 260
+        QWenVLConfig(
+            **{
+                **TINY_CONFIG,
+                "hidden_size": 388,
+                "kv_channels": 194,
+                "visual": {**TINY_CONFIG["visual"], "output_dim": 388},
+            }
+        )
+    assert (
+        QWenVLConfig(
+            **{
+                **TINY_CONFIG,
+                "hidden_size": 260,
+                "kv_channels": 130,
+                "visual": {**TINY_CONFIG["visual"], "output_dim": 260},
+            }
+        ).hidden_size
+        == 260
+    )
 
 
 # RMSNorm, RoPE, MLP, mask
@@ -223,8 +270,9 @@ def prompt_table_inputs(model, ids: torch.Tensor, attention_mask=None):
     paths = [decode_image_path(ids[i, a + 1 : b]) for i, a, b in img_pos.tolist()]
     input_vit = model.transformer.visual.encode(paths)  # [N, 256, H]
     fake_ids = replace_image_spans(ids, img_pos, make_fake_prompt_ids(model.config.vocab_size, len(paths)))
-    prompt_table, tasks, task_vocab_size = ptuning_setup(input_vit, model.dtype, model.config.hidden_size,
-                                                         input_ids=fake_ids)
+    prompt_table, tasks, task_vocab_size = ptuning_setup(
+        input_vit, model.dtype, model.config.hidden_size, input_ids=fake_ids
+    )
     return fake_ids, dict(prompt_table=prompt_table, tasks=tasks, task_vocab_size=task_vocab_size)
 
 
@@ -234,14 +282,14 @@ def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.full((len(rows), length), ENDOFTEXT_ID)
     mask = torch.zeros(len(rows), length, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, length - r.shape[1]:] = r[0]
-        mask[i, length - r.shape[1]:] = 1
+        ids[i, length - r.shape[1] :] = r[0]
+        mask[i, length - r.shape[1] :] = 1
     return ids, mask
 
 
 def greedy(model, ids, **kwargs) -> torch.Tensor:
     out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=ENDOFTEXT_ID, **kwargs)
-    return out[:, ids.shape[1]:]
+    return out[:, ids.shape[1] :]
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +299,10 @@ def one_image(tokenizer, image_files):
 
 @pytest.fixture(scope="module")
 def two_images(tokenizer, image_files):
-    return chat_ids(tokenizer, [{"image": str(image_files["red"])}, {"image": str(image_files["gradient"])},
-                                {"text": "Which one is red?"}])
+    return chat_ids(
+        tokenizer,
+        [{"image": str(image_files["red"])}, {"image": str(image_files["gradient"])}, {"text": "Which one is red?"}],
+    )
 
 
 def test_golden_one_image_same_logits_and_greedy_tokens(tiny_model, one_image):
@@ -279,8 +329,12 @@ def test_golden_two_images_in_one_prompt(tiny_model, two_images):
         original, _ = tiny_model.transformer(two_images)
         via_table, _ = tiny_model.transformer(fake_ids, **table)
         torch.testing.assert_close(via_table, original, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(tiny_model(fake_ids, logits_to_keep=8, **table).logits,
-                                   tiny_model(two_images, logits_to_keep=8).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            tiny_model(fake_ids, logits_to_keep=8, **table).logits,
+            tiny_model(two_images, logits_to_keep=8).logits,
+            rtol=1e-4,
+            atol=1e-4,
+        )
         assert torch.equal(greedy(tiny_model, fake_ids, **table), greedy(tiny_model, two_images))
 
 
@@ -296,8 +350,8 @@ def test_golden_left_padded_batch_matches_unpadded_rows(tiny_model, one_image, t
         batch_table, _ = tiny_model.transformer(fake_ids, attention_mask=mask, **table)
         for i, row in enumerate(rows):
             alone, _ = tiny_model.transformer(row)
-            torch.testing.assert_close(batch_original[i, pad[i]:], alone[0], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(batch_table[i, pad[i]:], alone[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(batch_original[i, pad[i] :], alone[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(batch_table[i, pad[i] :], alone[0], rtol=1e-4, atol=1e-4)
         alone_tokens = torch.cat([greedy(tiny_model, row) for row in rows])
         assert torch.equal(greedy(tiny_model, ids, attention_mask=mask), alone_tokens)
         assert torch.equal(greedy(tiny_model, fake_ids, attention_mask=mask, **table), alone_tokens)
@@ -312,8 +366,9 @@ def test_per_request_tables_through_the_model(tiny_model, one_image, two_images)
         fake_ids, prompt_table, tasks, rows = per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE)
         assert rows == 512 and tasks.tolist() == [0, 1]
         expected, _ = tiny_model.transformer(ids, attention_mask=mask)
-        hidden, _ = tiny_model.transformer(fake_ids, attention_mask=mask, prompt_table=prompt_table, tasks=tasks,
-                                           task_vocab_size=rows)
+        hidden, _ = tiny_model.transformer(
+            fake_ids, attention_mask=mask, prompt_table=prompt_table, tasks=tasks, task_vocab_size=rows
+        )
     torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -328,13 +383,15 @@ def test_beam_search_with_a_prompt_table(tiny_model, one_image):
         fake_ids, table = prompt_table_inputs(tiny_model, one_image)
         handle = tiny_model.register_forward_pre_hook(record, with_kwargs=True)
         try:
-            via_table = tiny_model.generate(fake_ids, max_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False,
-                                            pad_token_id=ENDOFTEXT_ID, **table)
+            via_table = tiny_model.generate(
+                fake_ids, max_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False, pad_token_id=ENDOFTEXT_ID, **table
+            )
         finally:
             handle.remove()
-        original = tiny_model.generate(one_image, max_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False,
-                                       pad_token_id=ENDOFTEXT_ID)
-    assert torch.equal(via_table[:, fake_ids.shape[1]:], original[:, one_image.shape[1]:])
+        original = tiny_model.generate(
+            one_image, max_new_tokens=NEW_TOKENS, num_beams=3, do_sample=False, pad_token_id=ENDOFTEXT_ID
+        )
+    assert torch.equal(via_table[:, fake_ids.shape[1] :], original[:, one_image.shape[1] :])
     assert via_table.shape == (1, fake_ids.shape[1] + NEW_TOKENS)
     # every step saw the one shared table (not copied per beam) and one task per beam
     assert seen and all(shape == (256, 128) and tasks == (3,) for shape, tasks in seen)
@@ -346,9 +403,17 @@ def test_sampling_with_a_prompt_table_draws_the_same_tokens(tiny_model, one_imag
         sampled = []
         for ids, kwargs in ((fake_ids, table), (one_image, {})):
             torch.manual_seed(3)
-            out = tiny_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=0, top_p=0.9,
-                                      temperature=2.0, pad_token_id=ENDOFTEXT_ID, **kwargs)
-            sampled.append(out[:, ids.shape[1]:])
+            out = tiny_model.generate(
+                ids,
+                max_new_tokens=NEW_TOKENS,
+                do_sample=True,
+                top_k=0,
+                top_p=0.9,
+                temperature=2.0,
+                pad_token_id=ENDOFTEXT_ID,
+                **kwargs,
+            )
+            sampled.append(out[:, ids.shape[1] :])
     assert torch.equal(sampled[0], sampled[1])
 
 
@@ -372,8 +437,12 @@ def test_fake_ids_without_a_table_are_an_error(tiny_model):
 def test_fake_id_past_the_table_is_an_error(tiny_model):
     table, tasks, task_vocab_size = ptuning_setup(torch.zeros(1, 256, 128), "float32", 128, input_ids=[[1]])
     with pytest.raises(ValueError, match="reads row 256 of a prompt table with 256 rows"):
-        tiny_model(torch.tensor([[1, MODEL_VOCAB_SIZE + 256]]), prompt_table=table, tasks=tasks,
-                   task_vocab_size=task_vocab_size)
+        tiny_model(
+            torch.tensor([[1, MODEL_VOCAB_SIZE + 256]]),
+            prompt_table=table,
+            tasks=tasks,
+            task_vocab_size=task_vocab_size,
+        )
 
 
 def test_sequence_longer_than_seq_length_is_an_error(tiny_model):

@@ -8,8 +8,13 @@ from hypothesis import strategies as st
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.injection import overwrite_image_spans
 from qwenvl_lab.prompt_table import (
-    check_image_count, images_per_row, per_request_tables, prompt_tuning_embedding, ptuning_setup,
-    single_table_batch, to_torch_dtype,
+    check_image_count,
+    images_per_row,
+    per_request_tables,
+    prompt_tuning_embedding,
+    ptuning_setup,
+    single_table_batch,
+    to_torch_dtype,
 )
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 
@@ -117,21 +122,26 @@ def test_ptuning_setup_negative_task():
         ptuning_setup(None, "float32", 4, tasks="0,-1", input_ids=torch.zeros(2, 3).long())
 
 
-
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_ptuning_setup_refuses_non_finite_features_naming_the_image(value):
     input_vit = torch.randn(3, 8, 4, generator=generator(11))
     input_vit[1, 5, 2] = value
-    with pytest.raises(ValueError, match=r"input_vit image 1 \(row 1 of input_vit\) holds NaN or infinite .*query 5, "
-                                         r"feature 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"input_vit image 1 \(row 1 of input_vit\) holds NaN or infinite .*query 5, "
+        r"feature 2",
+    ):
         ptuning_setup(input_vit, "float32", 4)
 
 
 def test_ptuning_setup_refuses_features_the_dtype_cannot_hold():
     input_vit = torch.zeros(2, 8, 4)
     input_vit[1, 3, 0] = 1e5  # float16 tops out at 65504
-    with pytest.raises(ValueError, match=r"input_vit image 1 .* holds 100000 at query 3, feature 0, which torch.float16 "
-                                         r"cannot hold"):
+    with pytest.raises(
+        ValueError,
+        match=r"input_vit image 1 .* holds 100000 at query 3, feature 0, which torch.float16 "
+        r"cannot hold",
+    ):
         ptuning_setup(input_vit, "float16", 4)
     assert ptuning_setup(input_vit, "bfloat16", 4)[0].shape == (16, 4)
 
@@ -143,7 +153,9 @@ def test_ptuning_setup_hidden_size_must_be_an_int(hidden_size):
 
 
 def test_ptuning_setup_argument_types():
-    with pytest.raises(TypeError, match=r"prompt_table must be input_vit, a torch.Tensor \[N, 256, H\], or None; got list"):
+    with pytest.raises(
+        TypeError, match=r"prompt_table must be input_vit, a torch.Tensor \[N, 256, H\], or None; got list"
+    ):
         ptuning_setup([[[0.0] * 4] * 256], "float32", 4)
     with pytest.raises(TypeError, match="input_vit must hold floating-point features"):
         ptuning_setup(torch.zeros(1, 256, 4, dtype=torch.long), "float32", 4)
@@ -224,13 +236,14 @@ def test_lookup_with_an_empty_table_and_no_fake_ids():
     assert torch.equal(out[0], vocab[[1, 5]])
 
 
-
 def test_lookup_refuses_a_non_finite_row_it_reads():
     vocab, table = torch.randn(10, 4, generator=generator(12)), torch.randn(6, 4, generator=generator(13))
     table[4, 1] = float("nan")
     out = prompt_tuning_embedding([[1, 10, 13]], vocab, table, [0], 6, 10)  # rows 0 and 3: finite
     assert torch.equal(out[0], torch.stack([vocab[1], table[0], table[3]]))
-    with pytest.raises(ValueError, match=r"prompt_table row 4 \(read by fake prompt id 14 at row 0, position 2\) holds NaN"):
+    with pytest.raises(
+        ValueError, match=r"prompt_table row 4 \(read by fake prompt id 14 at row 0, position 2\) holds NaN"
+    ):
         prompt_tuning_embedding([[1, 10, 14]], vocab, table, [0], 6, 10)
     table[4, 1] = float("-inf")
     with pytest.raises(ValueError, match=r"prompt_table row 4 \(read by fake prompt id 11 at row 1, position 0\)"):
@@ -248,20 +261,26 @@ def test_lookup_refuses_a_negative_task_vocab_size(task_vocab_size):
 def test_lookup_task_rows_past_int64_are_past_the_table():
     # task × task_vocab_size = 2**64 would wrap to row 0 in int64 arithmetic
     vocab, table = torch.zeros(10, 4), torch.ones(8, 4)
-    with pytest.raises(ValueError, match=r"fake prompt id 10 at row 0, position 0 \(task 4611686018427387904\) reads row "
-                                         r"18446744073709551616 of a prompt table with 8 rows"):
+    with pytest.raises(
+        ValueError,
+        match=r"fake prompt id 10 at row 0, position 0 \(task 4611686018427387904\) reads row "
+        r"18446744073709551616 of a prompt table with 8 rows",
+    ):
         prompt_tuning_embedding([[10]], vocab, table, [2**62], 4, 10)
     with pytest.raises(ValueError, match=r"reads row 9223372036854775797 of a prompt table with 8 rows"):
         prompt_tuning_embedding([[2**63 - 1]], vocab, table, [0], 4, 10)
 
 
-@pytest.mark.parametrize("task_vocab_size, error, match", [
-    (2.5, TypeError, "task_vocab_size must be an int, got float"),
-    ("4", TypeError, "task_vocab_size must be an int, got str"),
-    (torch.tensor([4.0]), TypeError, "task_vocab_size must hold integers"),
-    (torch.tensor([], dtype=torch.int32), ValueError, "task_vocab_size must be one int, got 0 values"),
-    (torch.tensor([4, 8]), ValueError, "task_vocab_size must be one int, got 2 values"),
-])
+@pytest.mark.parametrize(
+    "task_vocab_size, error, match",
+    [
+        (2.5, TypeError, "task_vocab_size must be an int, got float"),
+        ("4", TypeError, "task_vocab_size must be an int, got str"),
+        (torch.tensor([4.0]), TypeError, "task_vocab_size must hold integers"),
+        (torch.tensor([], dtype=torch.int32), ValueError, "task_vocab_size must be one int, got 0 values"),
+        (torch.tensor([4, 8]), ValueError, "task_vocab_size must be one int, got 2 values"),
+    ],
+)
 def test_lookup_task_vocab_size_types(task_vocab_size, error, match):
     with pytest.raises(error, match=match):
         prompt_tuning_embedding([[10]], torch.zeros(10, 4), torch.zeros(8, 4), [0], task_vocab_size, 10)
@@ -321,8 +340,14 @@ def test_lookup_rejects_any_id_past_the_table(case, data):
     first_bad = vocab_size + rows - tasks[b] * task_vocab_size  # its task's row index reaches `rows`
     ids[b][data.draw(st.integers(0, len(ids[b]) - 1))] = first_bad + data.draw(st.integers(0, 5))
     with pytest.raises(ValueError, match=f"of a prompt table with {rows} rows"):
-        prompt_tuning_embedding(torch.tensor(ids), torch.zeros(vocab_size, hidden), torch.zeros(rows, hidden),
-                                tasks, task_vocab_size, vocab_size)
+        prompt_tuning_embedding(
+            torch.tensor(ids),
+            torch.zeros(vocab_size, hidden),
+            torch.zeros(rows, hidden),
+            tasks,
+            task_vocab_size,
+            vocab_size,
+        )
 
 
 # the two batching conventions

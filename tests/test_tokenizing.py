@@ -12,9 +12,22 @@ from hypothesis import strategies as st
 
 from qwenvl_lab import resources, tokenizing
 from qwenvl_lab.tokenizing import (
-    ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN,
-    MODEL_VOCAB_SIZE, QWEN_TIKTOKEN_SHA256, TOKENIZER_VOCAB_SIZE, Query, QWenTokenizer, decode_image_path,
-    load_tokenizer, make_context, vocab_file_path,
+    ENDOFTEXT_ID,
+    IM_END_ID,
+    IM_START_ID,
+    IMAGE_END_ID,
+    IMAGE_PAD_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE,
+    QWEN_TIKTOKEN_SHA256,
+    TOKENIZER_VOCAB_SIZE,
+    Query,
+    QWenTokenizer,
+    decode_image_path,
+    load_tokenizer,
+    make_context,
+    vocab_file_path,
 )
 
 SYSTEM_IDS = [2610, 525, 264, 10950, 17847, 13]  # "You are a helpful assistant." (reference)
@@ -142,7 +155,6 @@ def test_string_operations_on_a_query_give_plain_text(tok):
     assert IMAGE_START_ID not in tok.encode(query.strip())
 
 
-
 def test_adding_text_to_a_query_keeps_its_images(tok):
     query = tok.from_list_format([{"image": "a.jpg"}])
     for joined in (query + "What is <img>b.jpg</img>?", "Look: " + query, query + query):
@@ -150,8 +162,9 @@ def test_adding_text_to_a_query_keeps_its_images(tok):
     with_text = query + "What is <img>b.jpg</img>?"  # typed tags stay text
     assert with_text == "Picture 1: <img>a.jpg</img>\nWhat is <img>b.jpg</img>?"
     assert with_text.images == ("a.jpg",)
-    assert tok.encode(with_text) == tok.encode(tok.from_list_format([{"image": "a.jpg"},
-                                                                    {"text": "What is <img>b.jpg</img>?"}]))
+    assert tok.encode(with_text) == tok.encode(
+        tok.from_list_format([{"image": "a.jpg"}, {"text": "What is <img>b.jpg</img>?"}])
+    )
     ids = tok.encode("Look: " + query)
     assert ids.count(IMAGE_START_ID) == 1 and ids[: len(tok.encode("Look: Picture"))] == tok.encode("Look: Picture")
     both = query + tok.from_list_format([{"image": "c.png"}, {"text": "x"}])
@@ -182,10 +195,33 @@ def test_long_runs_encode_as_tiktoken_does_in_one_go(tok, text):
     assert tok.encode(text) == tok.encoding.encode(text, allowed_special=set(), disallowed_special=())
 
 
-SPACES = st.sampled_from([" ", "\t", "\x0b", "\x0c", "\x85", "\xa0", "\u1680", "\u2003", "\u2028", "\u2029", "\u202f",
-                          "\u3000", "\r", "\n", "\x1c"])
-SPACED_TEXT = st.lists(st.one_of(st.text(max_size=4), st.tuples(SPACES, st.integers(1, 6)).map(lambda r: r[0] * r[1]),
-                                 st.sampled_from(["'s", "'LL", "!", "a", "7", "é"])), max_size=12).map("".join)
+SPACES = st.sampled_from(
+    [
+        " ",
+        "\t",
+        "\x0b",
+        "\x0c",
+        "\x85",
+        "\xa0",
+        "\u1680",
+        "\u2003",
+        "\u2028",
+        "\u2029",
+        "\u202f",
+        "\u3000",
+        "\r",
+        "\n",
+        "\x1c",
+    ]
+)
+SPACED_TEXT = st.lists(
+    st.one_of(
+        st.text(max_size=4),
+        st.tuples(SPACES, st.integers(1, 6)).map(lambda r: r[0] * r[1]),
+        st.sampled_from(["'s", "'LL", "!", "a", "7", "é"]),
+    ),
+    max_size=12,
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
@@ -238,15 +274,18 @@ def test_image_path_errors(tok):
         tok.encode_image_span(b"/a.jpg")
 
 
-@pytest.mark.parametrize("ids, match", [
-    ([IMAGE_START_ID, 97, IMAGE_PAD_ID], "must end with </img>"),
-    ([97, IMAGE_END_ID], "must start with <img>"),
-    ([97] * 10, "exactly 256 ids.*got 10"),
-    ([IMAGE_PAD_ID] * 256, "empty image path"),
-    ([97, 300] + [IMAGE_PAD_ID] * 254, "id 300 at span position 1 is not a path byte"),
-    ([97, IMAGE_PAD_ID, 98] + [IMAGE_PAD_ID] * 253, "follows <imgpad>"),
-    ([0xFF] + [IMAGE_PAD_ID] * 255, "not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        ([IMAGE_START_ID, 97, IMAGE_PAD_ID], "must end with </img>"),
+        ([97, IMAGE_END_ID], "must start with <img>"),
+        ([97] * 10, "exactly 256 ids.*got 10"),
+        ([IMAGE_PAD_ID] * 256, "empty image path"),
+        ([97, 300] + [IMAGE_PAD_ID] * 254, "id 300 at span position 1 is not a path byte"),
+        ([97, IMAGE_PAD_ID, 98] + [IMAGE_PAD_ID] * 253, "follows <imgpad>"),
+        ([0xFF] + [IMAGE_PAD_ID] * 255, "not valid UTF-8"),
+    ],
+)
 def test_malformed_span_errors(ids, match):
     with pytest.raises(ValueError, match=match):
         decode_image_path(ids)
@@ -271,38 +310,47 @@ def test_from_list_format_one_image(tok):
 
 def test_from_list_format_numbers_images(tok):
     query = tok.from_list_format([{"image": "a.jpg"}, {"image": "b.jpg"}, {"text": "compare"}, {"image": "c.jpg"}])
-    assert query == ("Picture 1: <img>a.jpg</img>\nPicture 2: <img>b.jpg</img>\ncompare"
-                     "Picture 3: <img>c.jpg</img>\n")
+    assert query == ("Picture 1: <img>a.jpg</img>\nPicture 2: <img>b.jpg</img>\ncomparePicture 3: <img>c.jpg</img>\n")
     ids = tok.encode_query(query)
     starts = [k for k, i in enumerate(ids) if i == IMAGE_START_ID]
-    assert [decode_image_path(ids[a:a + 258]) for a in starts] == ["a.jpg", "b.jpg", "c.jpg"]
-    assert ids[:starts[0]] == tok.encode("Picture 1: ")
+    assert [decode_image_path(ids[a : a + 258]) for a in starts] == ["a.jpg", "b.jpg", "c.jpg"]
+    assert ids[: starts[0]] == tok.encode("Picture 1: ")
 
 
 def test_from_list_format_box_and_ref(tok):
     query = tok.from_list_format([{"text": "Find"}, {"box": [(10, 20, 300, 400)], "ref": "the dog"}])
     assert query == "Find<ref>the dog</ref><box>(10,20),(300,400)</box>"
     ids = tok.encode_query(query)
-    assert ids == [*tok.encode("Find"), tok.ref_start_id, *tok.encode("the dog"), tok.ref_end_id,
-                   tok.box_start_id, *tok.encode("(10,20),(300,400)"), tok.box_end_id]
+    assert ids == [
+        *tok.encode("Find"),
+        tok.ref_start_id,
+        *tok.encode("the dog"),
+        tok.ref_end_id,
+        tok.box_start_id,
+        *tok.encode("(10,20),(300,400)"),
+        tok.box_end_id,
+    ]
     two = tok.from_list_format([{"box": [(0, 0, 1, 1), (2, 2, 1000, 1000)]}, {"ref": "x"}])
     assert two == "<box>(0,0),(1,1)</box><box>(2,2),(1000,1000)</box><ref>x</ref>"
 
 
-@pytest.mark.parametrize("bad, error, match", [
-    ("text", TypeError, "list of dicts"),
-    ([["image", "a.jpg"]], TypeError, "element 0 must be a dict"),
-    ([{"text": "a"}, {"url": "x"}], ValueError, r"element 1 has keys \['url'\]"),
-    ([{"image": "a.jpg", "text": "b"}], ValueError, "element 0 has keys"),
-    ([{"text": 3}], TypeError, "'text' must be a str"),
-    ([{"ref": None}], TypeError, "'ref' must be a str"),
-    ([{"box": (1, 2, 3, 4)}], TypeError, r"a single box still goes in a list"),
-    ([{"box": [(1, 2, 3)]}], TypeError, r"box 0 must be \(x1, y1, x2, y2\)"),
-    ([{"box": [(1, 2, 3, 1001)]}], ValueError, "0–1000 scale, got 1001"),
-    ([{"box": [(1, 2.5, 3, 4)]}], TypeError, "must be an int"),
-    ([{"image": 42}], TypeError, "str or os.PathLike"),
-    ([{"text": "a", 1: "b"}], ValueError, r"element 0 has keys \['text', 1\]"),  # keys of mixed types
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        ("text", TypeError, "list of dicts"),
+        ([["image", "a.jpg"]], TypeError, "element 0 must be a dict"),
+        ([{"text": "a"}, {"url": "x"}], ValueError, r"element 1 has keys \['url'\]"),
+        ([{"image": "a.jpg", "text": "b"}], ValueError, "element 0 has keys"),
+        ([{"text": 3}], TypeError, "'text' must be a str"),
+        ([{"ref": None}], TypeError, "'ref' must be a str"),
+        ([{"box": (1, 2, 3, 4)}], TypeError, r"a single box still goes in a list"),
+        ([{"box": [(1, 2, 3)]}], TypeError, r"box 0 must be \(x1, y1, x2, y2\)"),
+        ([{"box": [(1, 2, 3, 1001)]}], ValueError, "0–1000 scale, got 1001"),
+        ([{"box": [(1, 2.5, 3, 4)]}], TypeError, "must be an int"),
+        ([{"image": 42}], TypeError, "str or os.PathLike"),
+        ([{"text": "a", 1: "b"}], ValueError, r"element 0 has keys \['text', 1\]"),  # keys of mixed types
+    ],
+)
 def test_from_list_format_errors(tok, bad, error, match):
     with pytest.raises(error, match=match):
         tok.from_list_format(bad)
@@ -332,7 +380,8 @@ def test_decode_skip_special_tokens(tok):
     query = tok.from_list_format([{"image": "a.jpg"}, {"text": "hi"}, {"ref": "dog"}])
     _, ids = make_context(tok, query)
     assert tok.decode(ids, skip_special_tokens=True) == (
-        "system\nYou are a helpful assistant.\nuser\nPicture 1: a.jpg\nhidog\nassistant\n")
+        "system\nYou are a helpful assistant.\nuser\nPicture 1: a.jpg\nhidog\nassistant\n"
+    )
     assert tok.decode(ids).startswith("<|im_start|>system\n")
 
 
@@ -372,15 +421,15 @@ def test_token_kinds_and_descriptions(tok):
     kinds = tok.token_kinds(ids)
     n = len(tok.encode("Picture 1: "))
     assert kinds[0] == "special"
-    assert kinds[1:n + 1] == ["text"] * n
-    assert kinds[n + 1] == "image_tag" and kinds[n + 2:n + 4] == ["image_path_byte"] * 2
-    assert kinds[n + 4:n + 258] == ["imgpad"] * 254 and kinds[n + 258] == "image_tag"
+    assert kinds[1 : n + 1] == ["text"] * n
+    assert kinds[n + 1] == "image_tag" and kinds[n + 2 : n + 4] == ["image_path_byte"] * 2
+    assert kinds[n + 4 : n + 258] == ["imgpad"] * 254 and kinds[n + 258] == "image_tag"
     assert kinds[-2:] == ["vocab_pad", "fake_prompt_id"]
     assert tok.token_kinds([ord("/")]) == ["text"]  # a byte id outside a span is a BPE token
     described = tok.describe_tokens(ids)
     assert described[0] == "<|im_start|> (im_start_id)"
     assert described[1] == 'text "Picture"'
-    assert described[n + 1:n + 3] == ["<img> (image_start_id)", 'path byte 0x2f "/"']
+    assert described[n + 1 : n + 3] == ["<img> (image_start_id)", 'path byte 0x2f "/"']
     assert described[n + 4] == "<imgpad> (image_start_id + 2)"
     assert described[n + 258] == "</img> (image_start_id + 1)"
     assert described[-1] == "fake prompt id → prompt_table row 3"
@@ -404,16 +453,24 @@ def test_describe_token_errors(tok):
 def test_one_image_context(tok):
     query = tok.from_list_format([{"image": "demo.jpeg"}, {"text": "What is this?"}])
     raw_text, ids = make_context(tok, query)
-    assert raw_text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-                        f"{query}<|im_end|>\n<|im_start|>assistant\n")
+    assert raw_text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        f"{query}<|im_end|>\n<|im_start|>assistant\n"
+    )
     prefix = [151644, 8948, 198, *SYSTEM_IDS, 151645, 198, 151644, 872, 198]
-    assert ids[:len(prefix)] == prefix
-    rest = ids[len(prefix):]
+    assert ids[: len(prefix)] == prefix
+    rest = ids[len(prefix) :]
     picture = tok.encode("Picture 1: ")
-    assert rest[:len(picture)] == picture
-    assert rest[len(picture):len(picture) + 258] == span("demo.jpeg")
-    assert rest[len(picture) + 258:] == [*tok.encode("\nWhat is this?"), IM_END_ID, NL_ID, IM_START_ID,
-                                         ASSISTANT_ID, NL_ID]
+    assert rest[: len(picture)] == picture
+    assert rest[len(picture) : len(picture) + 258] == span("demo.jpeg")
+    assert rest[len(picture) + 258 :] == [
+        *tok.encode("\nWhat is this?"),
+        IM_END_ID,
+        NL_ID,
+        IM_START_ID,
+        ASSISTANT_ID,
+        NL_ID,
+    ]
     assert tok.encode_query(raw_text) == ids
 
 
@@ -427,8 +484,10 @@ def test_context_with_history_and_window(tok):
     base = make_context(tok, "last", system="Be brief.")[1]
     system_part = base.index(IM_END_ID) + 1  # <|im_start|>system\nBe brief.<|im_end|>
     turn_len = len(make_context(tok, "last", history=history[:1], system="Be brief.")[1]) - len(base)
-    assert all(len(make_context(tok, "last", history=history[k:k + 1], system="Be brief.")[1]) - len(base) == turn_len
-               for k in range(4))
+    assert all(
+        len(make_context(tok, "last", history=history[k : k + 1], system="Be brief.")[1]) - len(base) == turn_len
+        for k in range(4)
+    )
     # turns are kept newest-first while system part + kept turns < max_window_size
     for window, kept in [(system_part + 2 * turn_len + 1, 2), (system_part + 2 * turn_len, 1)]:
         raw, ids = make_context(tok, "last", history=history, system="Be brief.", max_window_size=window)
@@ -446,14 +505,17 @@ def test_history_may_hold_queries(tok):
     assert ids.count(IMAGE_START_ID) == 1 and tok.decode(ids) == raw_text
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(history=[("q",)]), ValueError, r"history\[0\] must be a \(query, response\) pair"),
-    (dict(history=["qa"]), ValueError, r"history\[0\]"),
-    (dict(history="q"), TypeError, "list of"),
-    (dict(history=[("q", 3)]), ValueError, r"history\[0\]"),
-    (dict(system=None), TypeError, "system must be a str"),
-    (dict(max_window_size=0), ValueError, "positive int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(history=[("q",)]), ValueError, r"history\[0\] must be a \(query, response\) pair"),
+        (dict(history=["qa"]), ValueError, r"history\[0\]"),
+        (dict(history="q"), TypeError, "list of"),
+        (dict(history=[("q", 3)]), ValueError, r"history\[0\]"),
+        (dict(system=None), TypeError, "system must be a str"),
+        (dict(max_window_size=0), ValueError, "positive int"),
+    ],
+)
 def test_make_context_errors(tok, kwargs, error, match):
     with pytest.raises(error, match=match):
         make_context(tok, "hi", **kwargs)
@@ -468,15 +530,15 @@ def test_make_context_argument_types(tok):
 
 # properties
 
-TRICKY = st.sampled_from(["<img>", "</img>", "<imgpad>", "<|im_start|>", "<|endoftext|>", "<ref>", "\n", "e\u0301",
-                          ">\u0338", " "])
+TRICKY = st.sampled_from(
+    ["<img>", "</img>", "<imgpad>", "<|im_start|>", "<|endoftext|>", "<ref>", "\n", "e\u0301", ">\u0338", " "]
+)
 TEXT = st.lists(st.one_of(st.text(max_size=12), TRICKY), max_size=6).map("".join)
 PATH = st.text(min_size=1, max_size=64).filter(lambda p: len(p.encode("utf-8")) <= IMG_TOKEN_SPAN)
 ELEMENT = st.one_of(
     st.builds(lambda p: {"image": p}, PATH),
     st.builds(lambda t: {"text": t}, TEXT),
-    st.builds(lambda b, r: {"box": b, "ref": r},
-              st.lists(st.tuples(*[st.integers(0, 1000)] * 4), max_size=2), TEXT),
+    st.builds(lambda b, r: {"box": b, "ref": r}, st.lists(st.tuples(*[st.integers(0, 1000)] * 4), max_size=2), TEXT),
 )
 
 

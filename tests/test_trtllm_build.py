@@ -10,8 +10,9 @@ from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.trtllm.build_command import prompt_table_size, run_trtllm_build, trtllm_build_command
 from qwenvl_lab.trtllm.gpu import GPUStackError, missing_gpu_stack
 
-README = BuildConfig(max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_prompt_embedding_table_size=2048,
-                     dtype="float16")  # TensorRT-LLM's Qwen-VL README build
+README = BuildConfig(
+    max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_prompt_embedding_table_size=2048, dtype="float16"
+)  # TensorRT-LLM's Qwen-VL README build
 
 
 def flags(command: list[str]) -> dict[str, str]:
@@ -22,17 +23,28 @@ def flags(command: list[str]) -> dict[str, str]:
 def test_the_readme_build_command(tmp_path):
     command = trtllm_build_command(tmp_path / "ckpt", tmp_path / "engine", README)
     assert flags(command) == {
-        "--checkpoint_dir": str(tmp_path / "ckpt"), "--output_dir": str(tmp_path / "engine"),
-        "--gemm_plugin": "float16", "--gpt_attention_plugin": "float16", "--max_batch_size": "8",
-        "--max_beam_width": "1", "--max_input_len": "2048", "--max_seq_len": "3072",
-        "--max_prompt_embedding_table_size": "2048", "--remove_input_padding": "enable",
+        "--checkpoint_dir": str(tmp_path / "ckpt"),
+        "--output_dir": str(tmp_path / "engine"),
+        "--gemm_plugin": "float16",
+        "--gpt_attention_plugin": "float16",
+        "--max_batch_size": "8",
+        "--max_beam_width": "1",
+        "--max_input_len": "2048",
+        "--max_seq_len": "3072",
+        "--max_prompt_embedding_table_size": "2048",
+        "--remove_input_padding": "enable",
     }
 
 
 @pytest.mark.parametrize("batch, images, rows", [(1, 1, 256), (8, 1, 2048), (4, 2, 2048), (2, 3, 1536)])
 def test_table_size_is_256_per_image_per_request_slot(tmp_path, batch, images, rows):
-    config = BuildConfig(max_batch_size=batch, max_input_len=1024, max_seq_len=1100,
-                         max_prompt_embedding_table_size=rows, dtype="bfloat16")
+    config = BuildConfig(
+        max_batch_size=batch,
+        max_input_len=1024,
+        max_seq_len=1100,
+        max_prompt_embedding_table_size=rows,
+        dtype="bfloat16",
+    )
     assert prompt_table_size(config, images) == rows
     command = flags(trtllm_build_command(tmp_path / "c", tmp_path / "e", config, images_per_request=images))
     assert command["--max_prompt_embedding_table_size"] == str(rows)
@@ -67,8 +79,10 @@ def test_run_trtllm_build_checks_its_arguments(tmp_path):
         run_trtllm_build(trtllm_build_command(tmp_path / "c", tmp_path / "e", README))
 
 
-@pytest.mark.skipif(not missing_gpu_stack("tensorrt_llm", "cuda"),
-                    reason="tensorrt_llm and a GPU are present: the GPU tests run the build")
+@pytest.mark.skipif(
+    not missing_gpu_stack("tensorrt_llm", "cuda"),
+    reason="tensorrt_llm and a GPU are present: the GPU tests run the build",
+)
 def test_without_trtllm_build_the_error_prints_the_command(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "config.json").write_text(json.dumps({"dtype": "float16"}))

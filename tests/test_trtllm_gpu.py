@@ -20,7 +20,8 @@ from qwenvl_lab.trtllm.visual_plan import TRTVisualEncoder, build_visual_plan
 PLAN_NEEDS = missing_gpu_stack("tensorrt", "cuda")
 WORKDIR = os.environ.get("QWENVL_TRTLLM_WORKDIR")
 ENGINE_NEEDS = missing_gpu_stack("tensorrt", "tensorrt_llm", "cuda") + (
-    [] if WORKDIR else ["QWENVL_TRTLLM_WORKDIR (a workdir from `--stage prepare --reference`)"])
+    [] if WORKDIR else ["QWENVL_TRTLLM_WORKDIR (a workdir from `--stage prepare --reference`)"]
+)
 
 
 def skip_reason(missing: list[str]) -> str:
@@ -78,6 +79,11 @@ def test_engine_answers_like_pytorch():
     from qwenvl_lab.trtllm.pipeline import REFERENCE_FILE, run_gpu_steps
 
     reference = json.loads((Path(WORKDIR) / REFERENCE_FILE).read_text())
-    answer = run_gpu_steps(os.environ["QWENVL_TRTLLM_CHECKPOINT"], reference["image"], reference["question"], WORKDIR,
-                           reference["max_new_tokens"])
+    answer = run_gpu_steps(
+        os.environ["QWENVL_TRTLLM_CHECKPOINT"],
+        reference["image"],
+        reference["question"],
+        WORKDIR,
+        reference["max_new_tokens"],
+    )
     assert answer == reference["answer"]

@@ -121,8 +121,13 @@ def test_weights_stored_beside_the_graph_still_load(tiny, tmp_path):
 
     _, model, onnx_path = tiny
     external = tmp_path / "external.onnx"
-    onnx.save_model(onnx.load(str(onnx_path)), str(external), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="external.onnx.data")
+    onnx.save_model(
+        onnx.load(str(onnx_path)),
+        str(external),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="external.onnx.data",
+    )
     assert external.stat().st_size < 100_000 < (tmp_path / "external.onnx.data").stat().st_size
     declare_output_shape(external, model.config.hidden_size)  # rewrites the graph, keeps the weights where they are
     onnx.checker.check_model(str(external))

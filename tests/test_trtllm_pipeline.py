@@ -11,28 +11,45 @@ import pytest
 import torch
 
 from qwenvl_lab.tokenizing import IM_END_ID, make_context
-from qwenvl_lab.unified_checkpoint import read_trtllm_config
 from qwenvl_lab.trtllm.gpu import missing_gpu_stack
 from qwenvl_lab.trtllm.pipeline import COMMAND_FILE, ONNX_FILE, REFERENCE_FILE, STOPPED, main, run_gpu_steps
+from qwenvl_lab.unified_checkpoint import read_trtllm_config
 
 IMAGE = Path(__file__).resolve().parents[1] / "data" / "images" / "blue_square.png"
 MISSING = missing_gpu_stack("tensorrt", "tensorrt_llm", "cuda")
 
 
 @pytest.mark.skipif(not MISSING, reason="the TensorRT stack is present: the GPU tests run the whole path")
-def test_without_the_gpu_stack_it_writes_the_cpu_outputs_and_stops(tiny_checkpoint, tiny_model, tokenizer, tmp_path,
-                                                                     capsys):
+def test_without_the_gpu_stack_it_writes_the_cpu_outputs_and_stops(
+    tiny_checkpoint, tiny_model, tokenizer, tmp_path, capsys
+):
     workdir = tmp_path / "work"
-    status = main(["--checkpoint", str(tiny_checkpoint), "--image", str(IMAGE), "--workdir", str(workdir),
-                   "--reference", "--max-new-tokens", "4"])
+    status = main(
+        [
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--image",
+            str(IMAGE),
+            "--workdir",
+            str(workdir),
+            "--reference",
+            "--max-new-tokens",
+            "4",
+        ]
+    )
     out, err = capsys.readouterr()
     assert status == STOPPED == 3
     assert "stopped: build_visual_plan needs" in err and MISSING[0] in err  # names what is missing
     onnx.checker.check_model(str(workdir / ONNX_FILE))
     assert read_trtllm_config(workdir / "trtllm_checkpoint")["dtype"] == "float16"
     command = json.loads((workdir / COMMAND_FILE).read_text())
-    assert command[:5] == ["trtllm-build", "--checkpoint_dir", str(workdir / "trtllm_checkpoint"),
-                           "--output_dir", str(workdir / "engine")]
+    assert command[:5] == [
+        "trtllm-build",
+        "--checkpoint_dir",
+        str(workdir / "trtllm_checkpoint"),
+        "--output_dir",
+        str(workdir / "engine"),
+    ]
     assert shlex.join(command) in out  # the exact command, printed
     assert not (workdir / "plan").exists() and not (workdir / "engine").exists()
     reference = json.loads((workdir / REFERENCE_FILE).read_text())
@@ -44,9 +61,15 @@ def greedy_answer(model, tokenizer, max_new_tokens):
     """Our PyTorch model's greedy answer to the default question about IMAGE, computed here."""
     _, tokens = make_context(tokenizer, tokenizer.from_list_format([{"image": str(IMAGE)}, {"text": "图片里是什么？"}]))
     ids = torch.tensor([tokens])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=IM_END_ID, pad_token_id=IM_END_ID)
-    return tokenizer.decode(out[0, len(tokens):].tolist(), skip_special_tokens=True)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=IM_END_ID,
+        pad_token_id=IM_END_ID,
+    )
+    return tokenizer.decode(out[0, len(tokens) :].tolist(), skip_special_tokens=True)
 
 
 def test_the_gpu_stage_needs_the_prepare_stage(tiny_checkpoint, tmp_path):
@@ -66,7 +89,9 @@ def test_bad_arguments_are_refused_before_any_work(tiny_checkpoint, tmp_path, ca
 
 def test_the_gpu_stage_imports_nothing_that_needs_transformers():
     """tensorrt_llm 1.2.x pins transformers 4.57: the GPU stage must load without qwenvl_lab.modeling."""
-    code = ("import sys, qwenvl_lab.trtllm.pipeline, qwenvl_lab.trtllm.runner, qwenvl_lab.trtllm.visual_plan; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers' or m == 'qwenvl_lab.modeling'))")
+    code = (
+        "import sys, qwenvl_lab.trtllm.pipeline, qwenvl_lab.trtllm.runner, qwenvl_lab.trtllm.visual_plan; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers' or m == 'qwenvl_lab.modeling'))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

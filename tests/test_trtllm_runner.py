@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.prompt_table import per_request_tables, single_table_batch
 from qwenvl_lab.tokenizing import IM_END_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, make_context
 from qwenvl_lab.trtllm.gpu import GPUStackError, missing_gpu_stack
 from qwenvl_lab.trtllm.pipeline import answer_question
-from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.trtllm.runner import EngineConfig, TRTLLMRunner, read_engine_config
 
 V, H = 151936, 128
@@ -27,15 +27,38 @@ NEEDS = missing_gpu_stack("tensorrt_llm", "cuda")
 
 def write_engine(engine_dir, tp_size=1, dtype="float16", **build):
     """A config.json shaped like trtllm-build 1.2.x writes it, and empty rank engines."""
-    build_config = dict(max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_beam_width=1, max_num_tokens=8192,
-                        max_prompt_embedding_table_size=2048, kv_cache_type="PAGED",
-                        plugin_config=dict(gpt_attention_plugin=dtype, gemm_plugin=dtype,
-                                           remove_input_padding=True, paged_kv_cache=True, tokens_per_block=32))
+    build_config = dict(
+        max_batch_size=8,
+        max_input_len=2048,
+        max_seq_len=3072,
+        max_beam_width=1,
+        max_num_tokens=8192,
+        max_prompt_embedding_table_size=2048,
+        kv_cache_type="PAGED",
+        plugin_config=dict(
+            gpt_attention_plugin=dtype,
+            gemm_plugin=dtype,
+            remove_input_padding=True,
+            paged_kv_cache=True,
+            tokens_per_block=32,
+        ),
+    )
     build_config.update(build)
-    config = dict(version="1.2.1", build_config=build_config, pretrained_config=dict(
-        architecture="QWenForCausalLM", qwen_type="qwen", dtype=dtype, vocab_size=V, hidden_size=H,
-        num_hidden_layers=2, num_attention_heads=2, mapping=dict(world_size=tp_size, tp_size=tp_size, pp_size=1),
-        quantization=dict(quant_algo=None, kv_cache_quant_algo=None)))
+    config = dict(
+        version="1.2.1",
+        build_config=build_config,
+        pretrained_config=dict(
+            architecture="QWenForCausalLM",
+            qwen_type="qwen",
+            dtype=dtype,
+            vocab_size=V,
+            hidden_size=H,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            mapping=dict(world_size=tp_size, tp_size=tp_size, pp_size=1),
+            quantization=dict(quant_algo=None, kv_cache_quant_algo=None),
+        ),
+    )
     engine_dir.mkdir(parents=True, exist_ok=True)
     (engine_dir / "config.json").write_text(json.dumps(config))
     for rank in range(tp_size):
@@ -62,9 +85,20 @@ def runner(tmp_path):
 
 def test_engine_config_is_read_from_the_engine_dir(tmp_path):
     config = read_engine_config(write_engine(tmp_path / "e", tp_size=2))
-    assert config == EngineConfig(vocab_size=V, hidden_size=H, tp_size=2, pp_size=1, build=BuildConfig(
-        max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_beam_width=1, max_prompt_embedding_table_size=2048,
-        dtype="float16"))
+    assert config == EngineConfig(
+        vocab_size=V,
+        hidden_size=H,
+        tp_size=2,
+        pp_size=1,
+        build=BuildConfig(
+            max_batch_size=8,
+            max_input_len=2048,
+            max_seq_len=3072,
+            max_beam_width=1,
+            max_prompt_embedding_table_size=2048,
+            dtype="float16",
+        ),
+    )
     assert config.rows_per_request == 256  # the README build: exactly one image per request
 
 
@@ -127,30 +161,66 @@ def test_image_spans_still_holding_a_path_are_refused(runner):
         runner.check_request([prompt(1)])
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(batch_input_ids=[]), ValueError, "non-empty list"),
-    (dict(batch_input_ids=[torch.tensor([1.5])]), ValueError, "1-D tensor of token ids"),
-    (dict(batch_input_ids=[torch.tensor([-1, 2])]), ValueError, "non-negative"),
-    (dict(batch_input_ids=[torch.tensor([1])] * 9), ValueError, "9 requests but the engine was built with max_batch_size 8"),
-    (dict(batch_input_ids=[torch.ones(2049, dtype=torch.long)]), ValueError, "max_input_len is 2048"),
-    (dict(batch_input_ids=[torch.ones(2048, dtype=torch.long)], max_new_tokens=1025), ValueError, "max_seq_len 3072"),
-    (dict(batch_input_ids=[torch.tensor([1])], max_new_tokens=0), ValueError, "max_new_tokens must be a positive int"),
-    (dict(batch_input_ids=[torch.tensor([1])], num_beams=2), ValueError, "max_beam_width"),
-    (dict(batch_input_ids=[torch.tensor([1, V])]), ValueError, "needs a prompt_table"),
-    (dict(batch_input_ids=[torch.tensor([1])], prompt_tasks="0"), ValueError, "without a prompt_table"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, 64).half()), ValueError,
-     r"\[tables, rows, 128\]"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H)), TypeError, "runs in torch.float16"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=[[0.0]]), TypeError, "torch.Tensor"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="0,1"),
-     ValueError, "2 prompt_tasks for 1 requests"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="1"),
-     ValueError, r"one of the 1 tables"),
-    (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="a"),
-     ValueError, "comma-separated list of integers"),
-    (dict(batch_input_ids=[torch.tensor([1, V])] * 2, prompt_table=torch.randn(3, 256, H).half()), ValueError,
-     "3 tables for 2 requests"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(batch_input_ids=[]), ValueError, "non-empty list"),
+        (dict(batch_input_ids=[torch.tensor([1.5])]), ValueError, "1-D tensor of token ids"),
+        (dict(batch_input_ids=[torch.tensor([-1, 2])]), ValueError, "non-negative"),
+        (
+            dict(batch_input_ids=[torch.tensor([1])] * 9),
+            ValueError,
+            "9 requests but the engine was built with max_batch_size 8",
+        ),
+        (dict(batch_input_ids=[torch.ones(2049, dtype=torch.long)]), ValueError, "max_input_len is 2048"),
+        (
+            dict(batch_input_ids=[torch.ones(2048, dtype=torch.long)], max_new_tokens=1025),
+            ValueError,
+            "max_seq_len 3072",
+        ),
+        (
+            dict(batch_input_ids=[torch.tensor([1])], max_new_tokens=0),
+            ValueError,
+            "max_new_tokens must be a positive int",
+        ),
+        (dict(batch_input_ids=[torch.tensor([1])], num_beams=2), ValueError, "max_beam_width"),
+        (dict(batch_input_ids=[torch.tensor([1, V])]), ValueError, "needs a prompt_table"),
+        (dict(batch_input_ids=[torch.tensor([1])], prompt_tasks="0"), ValueError, "without a prompt_table"),
+        (
+            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, 64).half()),
+            ValueError,
+            r"\[tables, rows, 128\]",
+        ),
+        (
+            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H)),
+            TypeError,
+            "runs in torch.float16",
+        ),
+        (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=[[0.0]]), TypeError, "torch.Tensor"),
+        (
+            dict(
+                batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="0,1"
+            ),
+            ValueError,
+            "2 prompt_tasks for 1 requests",
+        ),
+        (
+            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="1"),
+            ValueError,
+            r"one of the 1 tables",
+        ),
+        (
+            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="a"),
+            ValueError,
+            "comma-separated list of integers",
+        ),
+        (
+            dict(batch_input_ids=[torch.tensor([1, V])] * 2, prompt_table=torch.randn(3, 256, H).half()),
+            ValueError,
+            "3 tables for 2 requests",
+        ),
+    ],
+)
 def test_bad_requests_get_clear_errors_before_tensorrt_llm(runner, kwargs, error, message):
     with pytest.raises(error, match=message):
         runner.check_request(**kwargs)
@@ -180,19 +250,50 @@ class StandInModelRunnerCpp:
     def __init__(self, model, max_seq_len):
         self.model, self.max_seq_len, self.calls = model, max_seq_len, []
 
-    def generate(self, batch_input_ids, *, prompt_table=None, prompt_tasks=None, max_new_tokens=1, end_id=None,
-                 pad_id=None, streaming=False, return_dict=False, output_sequence_lengths=False, num_beams=1,
-                 temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, early_stopping=1, random_seed=None,
-                 repetition_penalty=1.0, stop_words_list=None):
-        self.calls.append(dict(prompt_table=prompt_table, prompt_tasks=prompt_tasks, batch_input_ids=batch_input_ids,
-                               repetition_penalty=repetition_penalty, stop_words_list=stop_words_list))
+    def generate(
+        self,
+        batch_input_ids,
+        *,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens=1,
+        end_id=None,
+        pad_id=None,
+        streaming=False,
+        return_dict=False,
+        output_sequence_lengths=False,
+        num_beams=1,
+        temperature=1.0,
+        top_k=1,
+        top_p=0.0,
+        length_penalty=1.0,
+        early_stopping=1,
+        random_seed=None,
+        repetition_penalty=1.0,
+        stop_words_list=None,
+    ):
+        self.calls.append(
+            dict(
+                prompt_table=prompt_table,
+                prompt_tasks=prompt_tasks,
+                batch_input_ids=batch_input_ids,
+                repetition_penalty=repetition_penalty,
+                stop_words_list=stop_words_list,
+            )
+        )
         assert return_dict and output_sequence_lengths and num_beams == 1 and top_k == 1  # what the runner asks for
         tasks = [0] * len(batch_input_ids) if prompt_tasks is None else [int(t) for t in prompt_tasks.split(",")]
         sequences = []
         for ids, task in zip(batch_input_ids, tasks):
-            table = {} if prompt_table is None else dict(  # the request's own table: PromptTuningConfig(table[task])
-                prompt_table=prompt_table[task].to(self.model.dtype), tasks=torch.zeros(1, dtype=torch.int32),
-                task_vocab_size=prompt_table.shape[1])
+            table = (
+                {}
+                if prompt_table is None
+                else dict(  # the request's own table: PromptTuningConfig(table[task])
+                    prompt_table=prompt_table[task].to(self.model.dtype),
+                    tasks=torch.zeros(1, dtype=torch.int32),
+                    task_vocab_size=prompt_table.shape[1],
+                )
+            )
             sequences.append(greedy(self.model, ids, max_new_tokens, end_id, **table))
 
         def outputs(step):
@@ -212,15 +313,28 @@ def greedy(model, ids, max_new_tokens, end_id, **table) -> torch.Tensor:
     """Prompt + greedy answer (its end_id included) from our PyTorch model."""
     ids = torch.as_tensor(ids).long()[None]
     with torch.no_grad():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                              eos_token_id=end_id, pad_token_id=end_id, **table)[0].int()
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=end_id,
+            pad_token_id=end_id,
+            **table,
+        )[0].int()
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model, tokenizer, tmp_path_factory):
     """(model, tokenizer, TRTLLMRunner over an fp32 engine config of 2 requests × 1 image, emulated ModelRunnerCpp)."""
-    engine = write_engine(tmp_path_factory.mktemp("runner") / "engine", dtype="float32", max_batch_size=2,
-                          max_input_len=512, max_seq_len=600, max_prompt_embedding_table_size=512)
+    engine = write_engine(
+        tmp_path_factory.mktemp("runner") / "engine",
+        dtype="float32",
+        max_batch_size=2,
+        max_input_len=512,
+        max_seq_len=600,
+        max_prompt_embedding_table_size=512,
+    )
     return tiny_model, tokenizer, TRTLLMRunner(read_engine_config(engine), StandInModelRunnerCpp(tiny_model, 600))
 
 
@@ -234,14 +348,21 @@ def test_generate_answers_like_the_original_model(tiny):
     """Two requests, each with its own picture as its own table, give what Qwen-VL's own path gives for each."""
     model, tokenizer, runner = tiny
     pictures = [IMAGES / "blue_square.png", IMAGES / "green_triangle.png"]
-    requests = [chat_ids(tokenizer, pictures[0], "What is in the picture?"),
-                chat_ids(tokenizer, pictures[1], "图片里是什么？")]
+    requests = [
+        chat_ids(tokenizer, pictures[0], "What is in the picture?"),
+        chat_ids(tokenizer, pictures[1], "图片里是什么？"),
+    ]
     batch = torch.nn.utils.rnn.pad_sequence(requests, batch_first=True, padding_value=IM_END_ID)
     with torch.no_grad():
         input_vit = model.transformer.visual.encode(pictures)  # [2, 256, H]
     ids, table, tasks, rows = per_request_tables(batch, input_vit, V, runner.config.rows_per_request)
-    out = runner.generate([ids[r, : len(request)] for r, request in enumerate(requests)],
-                          prompt_table=table.view(2, rows, H), prompt_tasks="0,1", max_new_tokens=6, return_dict=True)
+    out = runner.generate(
+        [ids[r, : len(request)] for r, request in enumerate(requests)],
+        prompt_table=table.view(2, rows, H),
+        prompt_tasks="0,1",
+        max_new_tokens=6,
+        return_dict=True,
+    )
     assert runner.session.calls[-1]["prompt_tasks"] == "0,1"
     assert out["output_ids"].shape == (2, 1, max(map(len, requests)) + 6)
     for r, request in enumerate(requests):
@@ -263,8 +384,9 @@ def test_streaming_gives_every_step_in_the_same_layout(tiny):
     for t, s in enumerate(steps, 1):  # each step: the prompt, t new tokens, then pad_id
         assert (s["output_ids"][0, 0, len(ids) + t :] == IM_END_ID).all()
     final = runner.generate([ids], prompt_table=table, max_new_tokens=3)
-    assert torch.equal(steps[-1]["output_ids"], final) and torch.equal(steps[0]["output_ids"][0, 0, : len(ids) + 1],
-                                                                       final[0, 0, : len(ids) + 1])
+    assert torch.equal(steps[-1]["output_ids"], final) and torch.equal(
+        steps[0]["output_ids"][0, 0, : len(ids) + 1], final[0, 0, : len(ids) + 1]
+    )
 
 
 @pytest.mark.standin

@@ -11,7 +11,12 @@ from qwenvl_lab.checkpoint import CheckpointError, read_state_dict
 from qwenvl_lab.layout import trtllm_name
 from qwenvl_lab.modeling import QWenVLConfig, apply_rope, rope_cos_sin
 from qwenvl_lab.unified_checkpoint import (
-    convert_to_trtllm_checkpoint, load_trtllm_checkpoint, read_trtllm_config, shard, trtllm_config, unshard,
+    convert_to_trtllm_checkpoint,
+    load_trtllm_checkpoint,
+    read_trtllm_config,
+    shard,
+    trtllm_config,
+    unshard,
 )
 
 V = 151936
@@ -21,8 +26,10 @@ V = 151936
 def tiny(tiny_checkpoint, tiny_model, tmp_path_factory):
     """(checkpoint dir, fp32 model, {tp_size: fp32 TensorRT-LLM checkpoint dir})."""
     root = tmp_path_factory.mktemp("convert")
-    converted = {tp: convert_to_trtllm_checkpoint(tiny_checkpoint, root / f"tp{tp}", dtype="float32", tp_size=tp)
-                 for tp in (1, 2)}
+    converted = {
+        tp: convert_to_trtllm_checkpoint(tiny_checkpoint, root / f"tp{tp}", dtype="float32", tp_size=tp)
+        for tp in (1, 2)
+    }
     return tiny_checkpoint, tiny_model, converted
 
 

@@ -13,8 +13,15 @@ from torch import nn
 
 from qwenvl_lab.modeling import QWEN_VL_CHAT_VISUAL
 from qwenvl_lab.vision import (
-    CLIP_MEAN, CLIP_STD, Resampler, VisionTransformer, VisualAttention, interpolate_pos_embed, load_image,
-    preprocess_images, sincos_pos_embed_2d,
+    CLIP_MEAN,
+    CLIP_STD,
+    Resampler,
+    VisionTransformer,
+    VisualAttention,
+    interpolate_pos_embed,
+    load_image,
+    preprocess_images,
+    sincos_pos_embed_2d,
 )
 
 SIZE = 28
@@ -69,8 +76,13 @@ def test_clip_constants_are_the_references():
 
 
 def test_mixed_modes_and_sizes_batch(image_files):
-    pictures = [solid("RGBA", (1, 2, 3, 4), (50, 10)), solid("L", 9), palette_image((1, 2, 3)),
-                solid("CMYK", (10, 20, 30, 40), (11, 64)), image_files["noise"]]
+    pictures = [
+        solid("RGBA", (1, 2, 3, 4), (50, 10)),
+        solid("L", 9),
+        palette_image((1, 2, 3)),
+        solid("CMYK", (10, 20, 30, 40), (11, 64)),
+        image_files["noise"],
+    ]
     pixels = preprocess_images(pictures, SIZE)
     assert pixels.shape == (5, 3, SIZE, SIZE)
     assert torch.equal(pixels[4], preprocess_images([image_files["noise"]], SIZE)[0])
@@ -80,8 +92,9 @@ def test_resize_is_bicubic_without_keeping_the_aspect(image_files):
     path = image_files["gradient"]  # 50 × 64, a vertical gradient
     with Image.open(path) as img:
         resized = np.asarray(img.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BICUBIC), dtype=np.float32)
-    expected = (torch.from_numpy(resized / 255.0).permute(2, 0, 1) - torch.tensor(CLIP_MEAN)[:, None, None]) \
-        / torch.tensor(CLIP_STD)[:, None, None]
+    expected = (
+        torch.from_numpy(resized / 255.0).permute(2, 0, 1) - torch.tensor(CLIP_MEAN)[:, None, None]
+    ) / torch.tensor(CLIP_STD)[:, None, None]
     torch.testing.assert_close(preprocess_images([path], SIZE)[0], expected, rtol=0, atol=1e-6)
 
 
@@ -142,7 +155,6 @@ def test_no_pictures():
         preprocess_images([], SIZE)
 
 
-
 @pytest.fixture
 def grey8() -> np.ndarray:
     """An 8-bit greyscale picture [H, W] with every level from black to white."""
@@ -171,8 +183,9 @@ def test_16_bit_pgm_read_in_mode_i(grey8, tmp_path):
 
 def test_float_picture_is_read_from_0_to_1(grey8):
     picture = Image.fromarray(grey8.astype(np.float32) / 255.0, mode="F")
-    torch.testing.assert_close(preprocess_images(picture, SIZE), preprocess_images(Image.fromarray(grey8), SIZE),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        preprocess_images(picture, SIZE), preprocess_images(Image.fromarray(grey8), SIZE), rtol=0, atol=1e-6
+    )
     out_of_range = Image.fromarray(np.array([[-0.5, 2.0]], dtype=np.float32), mode="F")
     assert np.asarray(load_image(out_of_range))[0, :, 0].tolist() == [0, 255]  # clipped
     with pytest.raises(ValueError, match="float picture holds NaN or infinite pixels"):
@@ -266,8 +279,12 @@ def mae_row(dim: int, row: int, col: int) -> list[float]:
     """MAE's 2-D sin-cos embedding of grid cell (row, col): [sin(col ω), cos(col ω), sin(row ω), cos(row ω)]."""
     quarter = dim // 4
     omega = [1.0 / 10000 ** (i / quarter) for i in range(quarter)]
-    return ([math.sin(col * w) for w in omega] + [math.cos(col * w) for w in omega]
-            + [math.sin(row * w) for w in omega] + [math.cos(row * w) for w in omega])
+    return (
+        [math.sin(col * w) for w in omega]
+        + [math.cos(col * w) for w in omega]
+        + [math.sin(row * w) for w in omega]
+        + [math.cos(row * w) for w in omega]
+    )
 
 
 def test_sincos_pos_embed_follows_the_mae_formula():
@@ -299,8 +316,11 @@ def test_interpolate_pos_embed():
     assert half.dtype == torch.float16 and half.shape == (64, 6)
     constant = interpolate_pos_embed(torch.full((256, 3), 0.25), 49)
     torch.testing.assert_close(constant, torch.full((49, 3), 0.25))
-    expected = F.interpolate(pos.reshape(1, 16, 16, 6).permute(0, 3, 1, 2), size=(4, 4), mode="bicubic",
-                             align_corners=False).permute(0, 2, 3, 1).reshape(16, 6)
+    expected = (
+        F.interpolate(pos.reshape(1, 16, 16, 6).permute(0, 3, 1, 2), size=(4, 4), mode="bicubic", align_corners=False)
+        .permute(0, 2, 3, 1)
+        .reshape(16, 6)
+    )
     torch.testing.assert_close(interpolate_pos_embed(pos, 16), expected)
 
 
@@ -328,8 +348,9 @@ def test_resampler_matches_a_manual_cross_attention():
         pos = sincos_pos_embed_2d(embed_dim, 2)  # [4, D]
         key_pos = interpolate_pos_embed(pos, patches)  # [9, D]
         q = F.layer_norm(resampler.query, (embed_dim,), resampler.ln_q.weight, resampler.ln_q.bias, 1e-6) + pos
-        kv = F.layer_norm(x @ resampler.kv_proj.weight.T, (embed_dim,), resampler.ln_kv.weight, resampler.ln_kv.bias,
-                          1e-6)
+        kv = F.layer_norm(
+            x @ resampler.kv_proj.weight.T, (embed_dim,), resampler.ln_kv.weight, resampler.ln_kv.bias, 1e-6
+        )
         wq, wk, wv = resampler.attn.in_proj_weight.chunk(3)  # nn.MultiheadAttention: [Wq; Wk; Wv]
         bq, bk, bv = resampler.attn.in_proj_bias.chunk(3)
         scores = (q @ wq.T + bq) @ ((kv + key_pos) @ wk.T + bk).transpose(1, 2) / math.sqrt(embed_dim)

@@ -9,15 +9,34 @@ import pytest
 import torch
 from PIL import Image
 
+from qwenvl_lab.chat import SPAN_NAME
 from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from qwenvl_lab.tokenizing import (
-    IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE, TOKEN_KINDS, make_context,
+    IMAGE_END_ID,
+    IMAGE_PAD_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE,
+    TOKEN_KINDS,
+    make_context,
 )
-from qwenvl_lab.chat import SPAN_NAME
 from qwenvl_lab.toy.evaluate import ask
 from qwenvl_lab.widgets import (
-    ID_STYLE, KIND_COLORS, UPLOADED, PanelResult, TokenView, ask_panel, ask_panel_result, describe_lookup,
-    kind_legend_html, lookup_rows, picture_from_upload, plot_token_kinds, table_explorer, table_heatmap, token_label,
+    ID_STYLE,
+    KIND_COLORS,
+    UPLOADED,
+    PanelResult,
+    TokenView,
+    ask_panel,
+    ask_panel_result,
+    describe_lookup,
+    kind_legend_html,
+    lookup_rows,
+    picture_from_upload,
+    plot_token_kinds,
+    table_explorer,
+    table_heatmap,
+    token_label,
     token_viewer,
 )
 
@@ -136,7 +155,7 @@ def test_html_escapes_tags_and_outlines_the_selected_chip(tokenizer, chat_ids):
         assert f"{kind} {n}</span>" in page and KIND_COLORS[kind] in page
     assert view._repr_html_() == view.to_html()
     assert "outline:" not in view.to_html()
-    assert f"{ID_STYLE}\">{chat_ids[0]}</span>" in page
+    assert f'{ID_STYLE}">{chat_ids[0]}</span>' in page
     bare = view.to_html(show_ids=False, legend=False)
     assert ID_STYLE not in bare and "margin-bottom" not in bare
     with pytest.raises(ValueError, match="outside the sequence"):
@@ -173,8 +192,13 @@ def test_plot_token_kinds_colours_each_cell_by_kind(tokenizer, chat_ids):
     for row in range(2):
         assert [TOKEN_KINDS[int(k)] for k in cells[row]] == tokenizer.token_kinds(batch[row])
     assert len(ax.lines) == 2 and list(ax.lines[0].get_xdata()) == img_pos[0, 1:].tolist()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["text", "special", "image_tag", "image_path_byte",
-                                                                    "imgpad"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "text",
+        "special",
+        "image_tag",
+        "image_path_byte",
+        "imgpad",
+    ]
     matplotlib.pyplot.close(ax.figure)
     mask = torch.ones_like(batch)
     mask[0, :5] = 0
@@ -194,8 +218,10 @@ def test_plot_token_kinds_colours_each_cell_by_kind(tokenizer, chat_ids):
 
 def test_lookup_rows_follow_the_embedding_lookup():
     ids, input_vit = fake_batch()
-    for fake_ids, table, tasks, tvs in (single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE),
-                                        per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE)):
+    for fake_ids, table, tasks, tvs in (
+        single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE),
+        per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE),
+    ):
         vocab = torch.randn(MODEL_VOCAB_SIZE, 8, generator=torch.Generator().manual_seed(1))
         embedded = prompt_tuning_embedding(fake_ids, vocab, table, tasks, tvs, MODEL_VOCAB_SIZE)  # [B, L, 8]
         entries = lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, table_rows=table.shape[0])
@@ -226,8 +252,10 @@ def test_describe_lookup_states_the_rule():
     entry = lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE)[-1]  # last fake id of sequence 1
     text = describe_lookup(entry, tasks, tvs, MODEL_VOCAB_SIZE)
     last = 2 * IMG_TOKEN_SPAN - 1
-    assert text == (f"sequence 1, position {int(entry[1])}: fake id {MODEL_VOCAB_SIZE + last} = V + {last} → "
-                    f"row {last} + task 1 × {2 * IMG_TOKEN_SPAN} = prompt_table row {last + 2 * IMG_TOKEN_SPAN}")
+    assert text == (
+        f"sequence 1, position {int(entry[1])}: fake id {MODEL_VOCAB_SIZE + last} = V + {last} → "
+        f"row {last} + task 1 × {2 * IMG_TOKEN_SPAN} = prompt_table row {last + 2 * IMG_TOKEN_SPAN}"
+    )
 
 
 def test_table_heatmap_draws_the_table_and_boxes_rows():
@@ -312,8 +340,15 @@ def test_ask_panel_result_with_a_pil_picture_and_bad_questions(tiny_model, token
 
 def upload_of(name, data):
     """A FileUpload value (ipywidgets 8) holding one file."""
-    return ({"name": name, "type": "image/png", "size": len(data), "content": memoryview(data),
-             "last_modified": datetime.now(timezone.utc)},)
+    return (
+        {
+            "name": name,
+            "type": "image/png",
+            "size": len(data),
+            "content": memoryview(data),
+            "last_modified": datetime.now(timezone.utc),
+        },
+    )
 
 
 def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tokenizer, image_files):
@@ -346,7 +381,9 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
     assert answer.value == f"<b>answer:</b> {html.escape(uploaded.answer)}"
     assert ids_view.value == TokenView.of(tokenizer, uploaded.fake_ids).to_html()
     choice.value = str(image_files["red"])  # picking a sample, even the one shown before, drops the upload
-    assert upload.value == () and source.value == "sample: red" and UPLOADED not in [label for label, _ in choice.options]
+    assert (
+        upload.value == () and source.value == "sample: red" and UPLOADED not in [label for label, _ in choice.options]
+    )
     upload.value = upload_of("junk.png", b"not a picture")
     button.click()
     assert "not a picture PIL can read" in answer.value and "BytesIO" not in answer.value

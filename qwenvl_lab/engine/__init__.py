@@ -5,5 +5,13 @@ from .build import build_engine, load_engine_config, load_engine_vision_tower
 from .infer import QWenInfer, generate_for_qwenvl
 from .runner import GenerationStream, ModelRunner
 
-__all__ = ["BuildConfig", "GenerationStream", "ModelRunner", "QWenInfer", "build_engine", "generate_for_qwenvl",
-           "load_engine_config", "load_engine_vision_tower"]
+__all__ = [
+    "BuildConfig",
+    "GenerationStream",
+    "ModelRunner",
+    "QWenInfer",
+    "build_engine",
+    "generate_for_qwenvl",
+    "load_engine_config",
+    "load_engine_vision_tower",
+]

@@ -9,8 +9,17 @@ PENALTY = -1.0e9  # score that keeps a candidate out (what transformers adds)
 class BeamSearch:
     """Beam state of B requests × k beams: running beams, finished hypotheses, and the early-stop test."""
 
-    def __init__(self, batch_size: int, num_beams: int, max_new_tokens: int, end_id: int, pad_id: int,
-                 length_penalty: float = 1.0, early_stopping=False, device="cpu"):
+    def __init__(
+        self,
+        batch_size: int,
+        num_beams: int,
+        max_new_tokens: int,
+        end_id: int,
+        pad_id: int,
+        length_penalty: float = 1.0,
+        early_stopping=False,
+        device="cpu",
+    ):
         if early_stopping not in (True, False, "never"):
             raise ValueError(f'early_stopping must be True, False or "never", got {early_stopping!r}')
         if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
@@ -65,13 +74,14 @@ class BeamSearch:
         self.sequences = torch.take_along_dim(torch.cat([self.sequences, candidates], dim=1), best[:, :, None], dim=1)
         self.scores = torch.take_along_dim(merged_scores, best, dim=1)
         self.finished = torch.take_along_dim(torch.cat([self.finished, just_ended], dim=1), best, dim=1)
-        self.lengths = torch.take_along_dim(torch.cat([self.lengths, torch.full_like(ends, t + 1, dtype=torch.long)], 1),
-                                            best, dim=1)
+        self.lengths = torch.take_along_dim(
+            torch.cat([self.lengths, torch.full_like(ends, t + 1, dtype=torch.long)], 1), best, dim=1
+        )
 
     def _update_improvable(self, generated: int) -> None:
         """Stop a request once its best running beam cannot beat its worst finished one (transformers' heuristic)."""
         length = self.max_new_tokens if self.early_stopping == "never" and self.length_penalty > 0.0 else generated
-        best_running = self.running_scores[:, :1] / (length ** self.length_penalty)  # [B, 1]
+        best_running = self.running_scores[:, :1] / (length**self.length_penalty)  # [B, 1]
         worst_finished = torch.where(self.finished, self.scores.min(dim=1, keepdim=True).values, PENALTY)  # [B, k]
         self.improvable = self.improvable & (best_running > worst_finished).any(dim=-1, keepdim=True)
 

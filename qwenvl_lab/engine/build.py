@@ -47,23 +47,34 @@ def expected_weights(pretrained_config: dict) -> dict[str, tuple[int, ...]]:
     hidden, vocab = pretrained_config["hidden_size"], pretrained_config["vocab_size"]
     proj = pretrained_config["num_attention_heads"] * pretrained_config["head_size"]
     ffn = pretrained_config["intermediate_size"] // 2  # Qwen v1 stores twice the MLP width
-    shapes = {"transformer.vocab_embedding.weight": (vocab, hidden), "transformer.ln_f.weight": (hidden,),
-              "lm_head.weight": (vocab, hidden)}
+    shapes = {
+        "transformer.vocab_embedding.weight": (vocab, hidden),
+        "transformer.ln_f.weight": (hidden,),
+        "lm_head.weight": (vocab, hidden),
+    }
     for layer in range(pretrained_config["num_hidden_layers"]):
         prefix = f"transformer.layers.{layer}."
-        shapes.update({
-            prefix + "input_layernorm.weight": (hidden,), prefix + "attention.qkv.weight": (3 * proj, hidden),
-            prefix + "attention.qkv.bias": (3 * proj,), prefix + "attention.dense.weight": (hidden, proj),
-            prefix + "post_layernorm.weight": (hidden,), prefix + "mlp.gate.weight": (ffn, hidden),
-            prefix + "mlp.fc.weight": (ffn, hidden), prefix + "mlp.proj.weight": (hidden, ffn),
-        })
+        shapes.update(
+            {
+                prefix + "input_layernorm.weight": (hidden,),
+                prefix + "attention.qkv.weight": (3 * proj, hidden),
+                prefix + "attention.qkv.bias": (3 * proj,),
+                prefix + "attention.dense.weight": (hidden, proj),
+                prefix + "post_layernorm.weight": (hidden,),
+                prefix + "mlp.gate.weight": (ffn, hidden),
+                prefix + "mlp.fc.weight": (ffn, hidden),
+                prefix + "mlp.proj.weight": (hidden, ffn),
+            }
+        )
     return shapes
 
 
 def check_engine_weights(weights: dict, pretrained_config: dict) -> None:
     """Raise a CheckpointError naming missing, unexpected or mis-shaped engine weights."""
-    check_state_dict(weights, {name: torch.empty(shape, device="meta")
-                               for name, shape in expected_weights(pretrained_config).items()})
+    check_state_dict(
+        weights,
+        {name: torch.empty(shape, device="meta") for name, shape in expected_weights(pretrained_config).items()},
+    )
 
 
 def _check_target(checkpoint_dir: Path, engine_dir: Path, overwrite: bool) -> None:
@@ -71,8 +82,10 @@ def _check_target(checkpoint_dir: Path, engine_dir: Path, overwrite: bool) -> No
     earlier engine without overwrite=True."""
     ckpt, target = checkpoint_dir.resolve(), engine_dir.resolve()
     if target == ckpt or ckpt in target.parents or target in ckpt.parents:
-        raise ValueError(f"the engine directory {engine_dir} is the checkpoint directory {checkpoint_dir}, inside it "
-                         "or around it: building there would overwrite the checkpoint. Give a separate directory")
+        raise ValueError(
+            f"the engine directory {engine_dir} is the checkpoint directory {checkpoint_dir}, inside it "
+            "or around it: building there would overwrite the checkpoint. Give a separate directory"
+        )
     if not engine_dir.exists():
         return
     if not engine_dir.is_dir():
@@ -82,14 +95,20 @@ def _check_target(checkpoint_dir: Path, engine_dir: Path, overwrite: bool) -> No
         return
     if MANIFEST not in entries and "config.json" not in entries:
         shown = ", ".join(entries[:8]) + (" …" if len(entries) > 8 else "")
-        raise FileExistsError(f"{engine_dir} is not empty and holds no engine of this package ({shown}): refusing to "
-                              "write an engine over it. Give a new or empty directory")
+        raise FileExistsError(
+            f"{engine_dir} is not empty and holds no engine of this package ({shown}): refusing to "
+            "write an engine over it. Give a new or empty directory"
+        )
     if MANIFEST not in entries and not _is_engine_config(engine_dir / "config.json"):
-        raise FileExistsError(f"{engine_dir} holds a config.json that is not an engine of this package: refusing to "
-                              "write an engine over it. Give a new or empty directory")
+        raise FileExistsError(
+            f"{engine_dir} holds a config.json that is not an engine of this package: refusing to "
+            "write an engine over it. Give a new or empty directory"
+        )
     if not overwrite:
-        raise FileExistsError(f"{engine_dir} already holds an engine: pass overwrite=True to replace it "
-                              "(`--overwrite` on the command line), or give another directory")
+        raise FileExistsError(
+            f"{engine_dir} already holds an engine: pass overwrite=True to replace it "
+            "(`--overwrite` on the command line), or give another directory"
+        )
 
 
 def _is_engine_config(config_file: Path) -> bool:
@@ -106,12 +125,19 @@ def _sha256(path: Path) -> str:
 
 def _write_manifest(engine_dir: Path, build_config: BuildConfig) -> None:
     """manifest.json: the format, the package version, the build config, every file's size, each config's sha256."""
-    files = {p.relative_to(engine_dir).as_posix(): {"bytes": p.stat().st_size}
-             for p in sorted(engine_dir.rglob("*")) if p.is_file()}
+    files = {
+        p.relative_to(engine_dir).as_posix(): {"bytes": p.stat().st_size}
+        for p in sorted(engine_dir.rglob("*"))
+        if p.is_file()
+    }
     for name in CONFIGS:
         files[name]["sha256"] = _sha256(engine_dir / name)
-    manifest = {"format": ENGINE_VERSION, "package_version": package_version(), "build_config": asdict(build_config),
-                "files": files}
+    manifest = {
+        "format": ENGINE_VERSION,
+        "package_version": package_version(),
+        "build_config": asdict(build_config),
+        "files": files,
+    }
     (engine_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -141,9 +167,12 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
         convert_to_trtllm_checkpoint(checkpoint_dir, staging / LLM_DIR, build_config.dtype)
         tower = load_visual_tower(checkpoint_dir, build_config.torch_dtype)
         (staging / VISION_DIR).mkdir()
-        save_file({k: v.contiguous() for k, v in tower.state_dict().items()}, str(staging / VISION_DIR / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in tower.state_dict().items()}, str(staging / VISION_DIR / "model.safetensors")
+        )
         (staging / VISION_DIR / "config.json").write_text(
-            json.dumps({"visual": hf_config.visual, "dtype": build_config.dtype}, indent=2) + "\n")
+            json.dumps({"visual": hf_config.visual, "dtype": build_config.dtype}, indent=2) + "\n"
+        )
         for name in (VOCAB_FILE_NAME, "generation_config.json"):  # the chat's tokenizer and sampling defaults
             if (checkpoint_dir / name).is_file():
                 shutil.copyfile(checkpoint_dir / name, staging / name)
@@ -166,25 +195,35 @@ def _check_manifest(engine_dir: Path, config: dict) -> None:
     """Refuse an engine whose files differ from its manifest: an interrupted build or a damaged copy."""
     manifest_file = engine_dir / MANIFEST
     if not manifest_file.is_file():
-        raise CheckpointError(f"{engine_dir} has no {MANIFEST}: the build did not finish, or the directory was not "
-                              f"made by build_engine; {REBUILD}")
+        raise CheckpointError(
+            f"{engine_dir} has no {MANIFEST}: the build did not finish, or the directory was not "
+            f"made by build_engine; {REBUILD}"
+        )
     manifest = read_json(manifest_file, REBUILD)
     if manifest.get("format") != ENGINE_VERSION or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{manifest_file} describes engine format {manifest.get('format')!r}, this package reads "
-                              f"{ENGINE_VERSION!r}; {REBUILD}")
+        raise CheckpointError(
+            f"{manifest_file} describes engine format {manifest.get('format')!r}, this package reads "
+            f"{ENGINE_VERSION!r}; {REBUILD}"
+        )
     if manifest.get("package_version") != package_version():
-        raise CheckpointError(f"{engine_dir} was built by qwenvl_lab {manifest.get('package_version')!r}, this is "
-                              f"{package_version()!r}; {REBUILD}")
+        raise CheckpointError(
+            f"{engine_dir} was built by qwenvl_lab {manifest.get('package_version')!r}, this is "
+            f"{package_version()!r}; {REBUILD}"
+        )
     if manifest.get("build_config") != config.get("build_config"):
-        raise CheckpointError(f"{engine_dir}: config.json's build_config differs from the one the engine was built "
-                              f"with ({MANIFEST}); {REBUILD}")
+        raise CheckpointError(
+            f"{engine_dir}: config.json's build_config differs from the one the engine was built "
+            f"with ({MANIFEST}); {REBUILD}"
+        )
     for name, expected in manifest["files"].items():
         path = engine_dir / name
         if not isinstance(expected, dict) or not path.is_file():
             raise CheckpointError(f"{path} is missing: the engine is incomplete; {REBUILD}")
         if path.stat().st_size != expected.get("bytes"):
-            raise CheckpointError(f"{path} has {path.stat().st_size} bytes, the build wrote {expected.get('bytes')}: "
-                                  f"the engine is damaged; {REBUILD}")
+            raise CheckpointError(
+                f"{path} has {path.stat().st_size} bytes, the build wrote {expected.get('bytes')}: "
+                f"the engine is damaged; {REBUILD}"
+            )
         if "sha256" in expected and _sha256(path) != expected["sha256"]:
             raise CheckpointError(f"{path} was changed after the build (its checksum differs); {REBUILD}")
 
@@ -193,21 +232,26 @@ def load_engine_config(engine_dir) -> tuple[BuildConfig, dict]:
     """(BuildConfig, pretrained_config) of an engine directory, checked complete and readable by this version."""
     engine_dir = Path(engine_dir)
     if not engine_dir.is_dir():
-        raise FileNotFoundError(f"engine directory {str(engine_dir)!r} not found; build the engine first with "
-                                "build_engine(...)")
+        raise FileNotFoundError(
+            f"engine directory {str(engine_dir)!r} not found; build the engine first with build_engine(...)"
+        )
     config_file = engine_dir / "config.json"
     config = read_json(config_file, f"build the engine first with build_engine(...), or {REBUILD}")
     if config.get("version") != ENGINE_VERSION:
-        raise CheckpointError(f"{engine_dir} holds engine version {config.get('version')!r}, this package reads "
-                              f"{ENGINE_VERSION!r}; {REBUILD}")
+        raise CheckpointError(
+            f"{engine_dir} holds engine version {config.get('version')!r}, this package reads "
+            f"{ENGINE_VERSION!r}; {REBUILD}"
+        )
     _check_manifest(engine_dir, config)
     stored = field(config, "build_config", "dict", config_file, REBUILD)
     names = {f.name for f in fields(BuildConfig)}
     missing, unknown = sorted(names - set(stored)), sorted(set(stored) - names)
     if missing or unknown:
-        raise CheckpointError(f"{config_file}: build_config {'lacks ' + str(missing) if missing else ''}"
-                              f"{' and ' if missing and unknown else ''}{'has unknown ' + str(unknown) if unknown else ''}"
-                              f"; {REBUILD}")
+        raise CheckpointError(
+            f"{config_file}: build_config {'lacks ' + str(missing) if missing else ''}"
+            f"{' and ' if missing and unknown else ''}{'has unknown ' + str(unknown) if unknown else ''}"
+            f"; {REBUILD}"
+        )
     try:
         build_config = BuildConfig(**stored)
     except ValueError as err:
@@ -229,8 +273,13 @@ def load_engine_weights(engine_dir) -> dict[str, torch.Tensor]:
 def load_engine_vision_tower(engine_dir, device="cpu") -> VisionTransformer:
     """The engine's vision part: VisionTransformer from vision/config.json and vision/model.safetensors."""
     vision_dir = Path(engine_dir) / VISION_DIR
-    visual = field(read_json(vision_dir / "config.json", f"this engine has no vision part; {REBUILD}"), "visual", "dict",
-                   vision_dir / "config.json", REBUILD)
+    visual = field(
+        read_json(vision_dir / "config.json", f"this engine has no vision part; {REBUILD}"),
+        "visual",
+        "dict",
+        vision_dir / "config.json",
+        REBUILD,
+    )
     try:
         state = load_file(str(vision_dir / "model.safetensors"))
     except (SafetensorError, OSError) as err:

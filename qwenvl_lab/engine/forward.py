@@ -26,12 +26,22 @@ class LanguageModelEngine:
         self.vocab_embedding = w["transformer.vocab_embedding.weight"]  # [V, H]: rows are looked up
         self.lm_head_t = transposed(w["lm_head.weight"])  # [H, V]
         self.ln_f = w["transformer.ln_f.weight"]
-        self.layers = [EngineLayer(w, f"transformer.layers.{i}.") for i in range(pretrained_config["num_hidden_layers"])]
+        self.layers = [
+            EngineLayer(w, f"transformer.layers.{i}.") for i in range(pretrained_config["num_hidden_layers"])
+        ]
         del w  # only the engine's layout of each weight is kept
         self.max_seq_len = build_config.max_seq_len
         self.rows = build_config.max_batch_size * build_config.max_beam_width
-        self.kv_cache = torch.zeros(len(self.layers), 2, self.rows, self.heads, self.max_seq_len, self.head_dim,
-                                    dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(
+            len(self.layers),
+            2,
+            self.rows,
+            self.heads,
+            self.max_seq_len,
+            self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
         self.key_pos = torch.arange(self.max_seq_len, device=self.device)
         cos, sin = rope_cos_sin(self.key_pos[None], self.head_dim, pretrained_config["rotary_base"], self.dtype)
         self.cos, self.sin = cos[0, 0], sin[0, 0]  # [S, hd]
@@ -58,8 +68,9 @@ class LanguageModelEngine:
                 k_r, v_r = (t[start : start + n].transpose(0, 1) for t in (k, v))  # [heads, L, hd]
                 cache[0, slots.start : slots.stop, :, :n] = k_r  # every beam row of the request
                 cache[1, slots.start : slots.stop, :, :n] = v_r
-                out = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1)[None], k_r[None], v_r[None],
-                                                     attn_mask=mask)  # [1, heads, L, hd]
+                out = F.scaled_dot_product_attention(
+                    q[start : start + n].transpose(0, 1)[None], k_r[None], v_r[None], attn_mask=mask
+                )  # [1, heads, L, hd]
                 outputs.append(out[0].transpose(0, 1).reshape(n, -1))
             x = mlp_output(x, torch.cat(outputs), layer, self.eps)
         last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=self.device)

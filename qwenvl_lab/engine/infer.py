@@ -11,8 +11,16 @@ from .build import load_engine_vision_tower
 from .runner import ModelRunner
 
 
-def generate_for_qwenvl(runner: ModelRunner, input_ids, max_new_tokens: int, prompt_table=None, tasks=None,
-                        task_vocab_size=None, num_beams: int = 1, **sampling) -> torch.Tensor:
+def generate_for_qwenvl(
+    runner: ModelRunner,
+    input_ids,
+    max_new_tokens: int,
+    prompt_table=None,
+    tasks=None,
+    task_vocab_size=None,
+    num_beams: int = 1,
+    **sampling,
+) -> torch.Tensor:
     """run.py's step 5: clamp max_new_tokens to what max_seq_len leaves (with a warning), then decode: output_ids."""
     batch = as_id_list(input_ids)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -20,16 +28,28 @@ def generate_for_qwenvl(runner: ModelRunner, input_ids, max_new_tokens: int, pro
     longest = max(len(ids) for ids in batch)
     room = runner.max_seq_len - longest
     if room < 1:
-        raise ValueError(f"a prompt of {longest} ids fills the engine's max_seq_len {runner.max_seq_len}: no room for an "
-                         "answer; shorten it (fewer pictures or history turns) or rebuild with larger limits")
+        raise ValueError(
+            f"a prompt of {longest} ids fills the engine's max_seq_len {runner.max_seq_len}: no room for an "
+            "answer; shorten it (fewer pictures or history turns) or rebuild with larger limits"
+        )
     if max_new_tokens > room:
-        warnings.warn(f"max_new_tokens {max_new_tokens} clamped to {room}: max_seq_len {runner.max_seq_len} minus the "
-                      "longest prompt (run.py's min(max_new_tokens, limit - input_len))", stacklevel=2)
+        warnings.warn(
+            f"max_new_tokens {max_new_tokens} clamped to {room}: max_seq_len {runner.max_seq_len} minus the "
+            "longest prompt (run.py's min(max_new_tokens, limit - input_len))",
+            stacklevel=2,
+        )
         max_new_tokens = room
     sampling.setdefault("end_id", IM_END_ID)
     sampling.setdefault("pad_id", IM_END_ID)
-    return runner.generate(batch, prompt_table=prompt_table, prompt_tasks=tasks, task_vocab_size=task_vocab_size,
-                           max_new_tokens=max_new_tokens, num_beams=num_beams, **sampling)
+    return runner.generate(
+        batch,
+        prompt_table=prompt_table,
+        prompt_tasks=tasks,
+        task_vocab_size=task_vocab_size,
+        max_new_tokens=max_new_tokens,
+        num_beams=num_beams,
+        **sampling,
+    )
 
 
 class QWenInfer:
@@ -47,8 +67,10 @@ class QWenInfer:
         """The engine directory's runner, vision part and tokenizer (its qwen.tiktoken, else the package's)."""
         return cls(ModelRunner.from_dir(engine_dir, device=device, decode_backend=decode_backend))
 
-    def qwen_infer(self, images, question: str, history=None, max_new_tokens: int = 64, system: str = chat.SYSTEM,
-                   **sampling) -> tuple[str, list]:
+    def qwen_infer(
+        self, images, question: str, history=None, max_new_tokens: int = 64, system: str = chat.SYSTEM, **sampling
+    ) -> tuple[str, list]:
         """Answer `question` about `images` (paths, may be empty) after `history`: (response, new history)."""
-        return chat.ask(self.runner, self.vision, self.tokenizer, images, question, history, system, max_new_tokens,
-                        **sampling)
+        return chat.ask(
+            self.runner, self.vision, self.tokenizer, images, question, history, system, max_new_tokens, **sampling
+        )

@@ -3,6 +3,7 @@
 import json
 import os
 import warnings
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -67,8 +68,16 @@ class ModelRunner:
     """An engine ready to generate: its limits, its weights on one device, a KV cache sized by the build, and one
     decode back end (`engine.decode`: "auto", "torch", "compiled", "triton" or "numba")."""
 
-    def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device="cpu",
-                 decode_backend: str = "auto", engine_dir=None, tuning_file=None):
+    def __init__(
+        self,
+        build_config: BuildConfig,
+        pretrained_config: dict,
+        weights: dict,
+        device="cpu",
+        decode_backend: str = "auto",
+        engine_dir=None,
+        tuning_file=None,
+    ):
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
@@ -85,8 +94,11 @@ class ModelRunner:
         self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device)
         self.decode_step = make_decode_step(self.decode_backend, self.engine)
         # on CUDA every decode step is a CUDA-graph replay (one graph per batch size and KV-length bucket)
-        self.decoder = DecodeGraphs(self.decode_step, rows, build_config.max_seq_len, device) \
-            if device.type == "cuda" else self.decode_step
+        self.decoder = (
+            DecodeGraphs(self.decode_step, rows, build_config.max_seq_len, device)
+            if device.type == "cuda"
+            else self.decode_step
+        )
         self.busy = False  # a streaming generation holds the KV cache
         self.tuning_file = None if tuning_file is None else Path(tuning_file)
         self._load_choices()
@@ -96,20 +108,34 @@ class ModelRunner:
         """Load an engine directory written by build_engine onto `device`; warm_up (default: on CUDA) does the decode
         step's first run now rather than in the first question (`warm_up()`)."""
         build_config, pretrained = load_engine_config(engine_dir)
-        runner = cls(build_config, pretrained, load_engine_weights(engine_dir), device, decode_backend, engine_dir,
-                     Path(engine_dir) / TUNING_FILE)
+        runner = cls(
+            build_config,
+            pretrained,
+            load_engine_weights(engine_dir),
+            device,
+            decode_backend,
+            engine_dir,
+            Path(engine_dir) / TUNING_FILE,
+        )
         if runner.device.type == "cuda" if warm_up is None else warm_up:
             runner.warm_up()
         return runner
 
     @classmethod
-    def from_model(cls, model, build_config: BuildConfig, device=None, decode_backend: str = "auto",
-                   tuning_file=None) -> "ModelRunner":
+    def from_model(
+        cls, model, build_config: BuildConfig, device=None, decode_backend: str = "auto", tuning_file=None
+    ) -> "ModelRunner":
         """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size)."""
         device = next(model.parameters()).device if device is None else device
         pretrained = trtllm_config(model.config, build_config.dtype)
-        return cls(build_config, pretrained, to_trtllm_names(model.state_dict()), device, decode_backend,
-                   tuning_file=tuning_file)
+        return cls(
+            build_config,
+            pretrained,
+            to_trtllm_names(model.state_dict()),
+            device,
+            decode_backend,
+            tuning_file=tuning_file,
+        )
 
     def warm_up(self, progress: bool = True) -> None:
         """Do now what the first question would otherwise wait for: a prefill, and the decode step's first run for one
@@ -117,8 +143,10 @@ class ModelRunner:
         tuned choices are saved beside the engine (tuning.json) and reused by the next process that loads it."""
         self._check_free()
         ids = torch.zeros(1, dtype=torch.long, device=self.device)
-        stages = {"prefill": lambda: self.engine.prefill(self.engine.embed(ids), [1], [range(0, 1)]),
-                  "decode step": lambda: self.decoder(ids, ids, 1)}
+        stages = {
+            "prefill": lambda: self.engine.prefill(self.engine.embed(ids), [1], [range(0, 1)]),
+            "decode step": lambda: self.decoder(ids, ids, 1),
+        }
         with torch.inference_mode():
             for name in tqdm(stages, desc="warming up", disable=not progress):
                 stages[name]()
@@ -154,22 +182,43 @@ class ModelRunner:
             staging.write_text(json.dumps(entries, indent=1) + "\n")
             os.replace(staging, self.tuning_file)
         except OSError as err:
-            warnings.warn(f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
-                          "will tune them again", stacklevel=2)
+            warnings.warn(
+                f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
+                "will tune them again",
+                stacklevel=2,
+            )
 
     def __repr__(self):
         b = self.build_config
-        return (f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
-                f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
-                f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
-                f"decode_backend={self.decode_backend!r})")
+        return (
+            f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
+            f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
+            f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
+            f"decode_backend={self.decode_backend!r})"
+        )
 
     @torch.inference_mode()
-    def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
-                 end_id: int = IM_END_ID, pad_id: int = IM_END_ID, num_beams: int = 1, temperature: float = 1.0,
-                 top_k: int = 1, top_p: float = 0.0, length_penalty: float = 1.0, early_stopping=False,
-                 random_seed=None, streaming: bool = False, return_dict: bool = False, task_vocab_size=None,
-                 repetition_penalty: float = 1.0, stop_words_list=None):
+    def generate(
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens: int = 64,
+        end_id: int = IM_END_ID,
+        pad_id: int = IM_END_ID,
+        num_beams: int = 1,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float = 0.0,
+        length_penalty: float = 1.0,
+        early_stopping=False,
+        random_seed=None,
+        streaming: bool = False,
+        return_dict: bool = False,
+        task_vocab_size=None,
+        repetition_penalty: float = 1.0,
+        stop_words_list=None,
+    ):
         """Generate for a batch of requests (list of 1-D ids); output_ids [B, beams, max input + max_new_tokens].
 
         Each row holds the request's ids, then its new tokens (the end_id or stop word that stopped it included), then
@@ -184,20 +233,34 @@ class ModelRunner:
         """
         self._check_free()
         greedy = check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
-        request = check_request(self.build_config, self.vocab_size, self.hidden_size, batch_input_ids, prompt_table,
-                                prompt_tasks, task_vocab_size, max_new_tokens, num_beams, end_id, pad_id)
+        request = check_request(
+            self.build_config,
+            self.vocab_size,
+            self.hidden_size,
+            batch_input_ids,
+            prompt_table,
+            prompt_tasks,
+            task_vocab_size,
+            max_new_tokens,
+            num_beams,
+            end_id,
+            pad_id,
+        )
         stop_words = check_stop_words(stop_words_list, len(request.ids), self.vocab_size)
         if num_beams > 1 and not greedy:
             raise ValueError("beam search picks the best beams, it does not sample: leave top_k=1 with num_beams > 1")
         if num_beams > 1 and (repetition_penalty != 1.0 or stop_words is not None):
-            raise ValueError("repetition_penalty and stop_words_list apply to greedy and sampled decoding here, not to "
-                             "beam search: leave them out with num_beams > 1")
+            raise ValueError(
+                "repetition_penalty and stop_words_list apply to greedy and sampled decoding here, not to "
+                "beam search: leave them out with num_beams > 1"
+            )
         requests = [ids.to(self.device) for ids in request.ids]
         table = None if request.table is None else request.table.to(self.device)
         embeds = [self._embed(ids, table, request, r) for r, ids in enumerate(requests)]
         if num_beams > 1:
-            search = BeamSearch(len(requests), num_beams, max_new_tokens, end_id, pad_id, length_penalty, early_stopping,
-                                self.device)
+            search = BeamSearch(
+                len(requests), num_beams, max_new_tokens, end_id, pad_id, length_penalty, early_stopping, self.device
+            )
             steps = self._beam_steps(requests, embeds, search)
         else:
             generator = None
@@ -209,31 +272,38 @@ class ModelRunner:
                     logits = penalize_repetition(logits, seen, repetition_penalty)
                 return sample_tokens(logits, temperature, top_k, top_p, generator)
 
-            steps = self._sampling_steps(requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words,
-                                         track_seen=repetition_penalty != 1.0)
+            steps = self._sampling_steps(
+                requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words, track_seen=repetition_penalty != 1.0
+            )
         if streaming:
-            return GenerationStream(self, steps, lambda ids, lengths: self._outputs(requests, ids, lengths, pad_id,
-                                                                                     max_new_tokens, return_dict))
-        for new_ids, generated in steps:
-            pass
-        return self._outputs(requests, new_ids, generated, pad_id, max_new_tokens, return_dict)
+            return GenerationStream(
+                self,
+                steps,
+                lambda ids, lengths: self._outputs(requests, ids, lengths, pad_id, max_new_tokens, return_dict),
+            )
+        last = deque(steps, maxlen=1)[0]  # run every step, keep the last one's outputs
+        return self._outputs(requests, *last, pad_id, max_new_tokens, return_dict)
 
     def _check_free(self) -> None:
         """Raise while a streaming generation holds the KV cache."""
         if self.busy:
-            raise RuntimeError("a streaming generation still holds this runner's KV cache: exhaust it or close() it first")
+            raise RuntimeError(
+                "a streaming generation still holds this runner's KV cache: exhaust it or close() it first"
+            )
 
     def _embed(self, ids, table, request, r: int) -> torch.Tensor:
         """Embeddings [L, H] of request r: vocabulary rows, and prompt-table rows for its fake ids (its task's block)."""
         if table is None:
             return self.engine.embed(ids)
         tasks = torch.tensor(request.tasks[r : r + 1], dtype=torch.int32, device=self.device)
-        return prompt_tuning_embedding(ids[None], self.engine.vocab_embedding, table, tasks, request.task_vocab_size,
-                                       self.vocab_size)[0]
+        return prompt_tuning_embedding(
+            ids[None], self.engine.vocab_embedding, table, tasks, request.task_vocab_size, self.vocab_size
+        )[0]
 
     @torch.inference_mode()
-    def _sampling_steps(self, requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words=None,
-                        track_seen=False):
+    def _sampling_steps(
+        self, requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words=None, track_seen=False
+    ):
         """Greedy or sampled decoding: yields (new ids [B, 1, t+1], generated lengths [B, 1]) after every token."""
         lengths = [len(ids) for ids in requests]
         logits = self.engine.prefill(torch.cat(embeds), lengths, [range(r, r + 1) for r in range(len(requests))])
@@ -272,14 +342,16 @@ class ModelRunner:
         ends = torch.zeros(new_ids.shape[0], dtype=torch.bool, device=self.device)
         for r, words in enumerate(stop_words):
             tail = new_ids[r, : int(generated[r])].tolist()
-            ends[r] = any(len(w) <= len(tail) and tuple(tail[len(tail) - len(w):]) == w for w in words)
+            ends[r] = any(len(w) <= len(tail) and tuple(tail[len(tail) - len(w) :]) == w for w in words)
         return ends
 
     @torch.inference_mode()
     def _beam_steps(self, requests, embeds, search: BeamSearch):
         """Beam search: yields the running beams after every token, then the finished ones ([B, k, T], [B, k])."""
         lengths, k = [len(ids) for ids in requests], search.k
-        logits = self.engine.prefill(torch.cat(embeds), lengths, [range(r * k, (r + 1) * k) for r in range(len(requests))])
+        logits = self.engine.prefill(
+            torch.cat(embeds), lengths, [range(r * k, (r + 1) * k) for r in range(len(requests))]
+        )
         logits = logits.repeat_interleave(k, dim=0)  # [B·k, V]: the k beams start from the same prompt
         pos = torch.tensor(lengths, device=self.device).repeat_interleave(k)  # [B·k]
         for t in range(search.max_new_tokens):

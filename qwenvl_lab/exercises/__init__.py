@@ -43,11 +43,13 @@ REGISTRY: dict[str, Exercise] = {}
 
 def exercise(key: str, question: str):
     """Register a check function (answer -> None or a hint) as exercise `key`."""
+
     def register(check: Callable) -> Callable:
         if key in REGISTRY:
             raise ValueError(f"exercise {key} is registered twice")
         REGISTRY[key] = Exercise(key, question, check)
         return check
+
     return register
 
 

@@ -4,7 +4,10 @@ from ..tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, load_tokeni
 from . import exercise
 
 SPAN_PATHS = (  # an ordinary path, one with 3-byte characters, one character, a path that fills the span exactly
-    "../data/images/red_circle.png", "图片/红色的圆形.png", "a", "pictures/" + "x" * 243 + ".png",
+    "../data/images/red_circle.png",
+    "图片/红色的圆形.png",
+    "a",
+    "pictures/" + "x" * 243 + ".png",
 )
 TOO_LONG = "pictures/" + "x" * 300 + ".png"
 PAIR = ("../data/images/pair_a_yellow_circle_red_triangle.png", "../data/images/pair_b_blue_square_yellow_circle.png")
@@ -43,24 +46,32 @@ def _span_hint(path: str, got: list, expected: list) -> str:
     if inner[: len(data)] != data:
         characters, pieces = [ord(c) for c in path], load_tokenizer().encode(path)
         if inner[: len(characters)] == characters:
-            return (f"{where} your span holds one id per character; it holds one id per UTF-8 byte, and some "
-                    "characters take several bytes")
+            return (
+                f"{where} your span holds one id per character; it holds one id per UTF-8 byte, and some "
+                "characters take several bytes"
+            )
         if inner[: len(pieces)] == pieces:
-            return ("between the tags the tokenizer does not run BPE: it writes the path's raw UTF-8 bytes, one id "
-                    "per byte")
+            return (
+                "between the tags the tokenizer does not run BPE: it writes the path's raw UTF-8 bytes, one id per byte"
+            )
         return f"{where} the ids after <img> are not the path's UTF-8 bytes"
     if len(got) != len(expected):
-        return (f"{where} your span has {len(got)} ids; every span has the same length whatever the path: the path's "
-                "bytes are padded up to the span's fixed size")
-    pads = set(inner[len(data):])
+        return (
+            f"{where} your span has {len(got)} ids; every span has the same length whatever the path: the path's "
+            "bytes are padded up to the span's fixed size"
+        )
+    pads = set(inner[len(data) :])
     if pads and pads != {IMAGE_PAD_ID}:
-        return (f"{where} the padding after the path's bytes uses id(s) {sorted(pads)}; padding has its own special "
-                "token, next to the two image tags")
+        return (
+            f"{where} the padding after the path's bytes uses id(s) {sorted(pads)}; padding has its own special "
+            "token, next to the two image tags"
+        )
     return f"{where} your span differs from the tokenizer's; a span is <img>, the path's bytes, padding, </img>"
 
 
 @exercise("01.1", "Write my_image_span(path): the ids of the image span that the tokenizer writes for `path`.")
 def check_image_span(my_image_span):
+    """The check of exercise 01.1: None when the answer is right, else a hint."""
     if not callable(my_image_span):
         return "give the function itself: check('01.1', my_image_span)"
     for path in SPAN_PATHS:
@@ -81,14 +92,18 @@ def check_image_span(my_image_span):
     except ValueError:
         return None
     except Exception as err:  # any other error is the learner's: a hint, not a crash of the check
-        return (f"a path too long for a span must raise ValueError (a clear message), but yours raised "
-                f"{type(err).__name__}")
-    return (f"a path of {len(TOO_LONG.encode())} UTF-8 bytes cannot be written into a span: raise ValueError instead "
-            "of returning ids")
+        return (
+            f"a path too long for a span must raise ValueError (a clear message), but yours raised {type(err).__name__}"
+        )
+    return (
+        f"a path of {len(TOO_LONG.encode())} UTF-8 bytes cannot be written into a span: raise ValueError instead "
+        "of returning ids"
+    )
 
 
 @exercise("01.2", "How many ids does make_context give for the two pair pictures and 哪张图片里有红色的三角形？?")
 def check_pair_length(my_length):
+    """The check of exercise 01.2: None when the answer is right, else a hint."""
     tokenizer = load_tokenizer()
     query, raw_text, ids = _pair_context()
     if isinstance(my_length, bool) or not isinstance(my_length, int):
@@ -106,6 +121,7 @@ def check_pair_length(my_length):
 
 @exercise("01.3", "How many characters long can an image path made only of Chinese characters (3 bytes each) be?")
 def check_longest_chinese_path(my_max_chars):
+    """The check of exercise 01.3: None when the answer is right, else a hint."""
     if isinstance(my_max_chars, bool) or not isinstance(my_max_chars, int):
         return f"give a number of characters (an int), got {type(my_max_chars).__name__}"
     if my_max_chars < 1:
@@ -114,8 +130,10 @@ def check_longest_chinese_path(my_max_chars):
     try:
         tokenizer.encode_image_span(WIDE_CHARACTER * my_max_chars)
     except ValueError:
-        return ("too many: the tokenizer refuses a path that long; each of these characters takes several bytes, and "
-                "the span holds bytes")
+        return (
+            "too many: the tokenizer refuses a path that long; each of these characters takes several bytes, and "
+            "the span holds bytes"
+        )
     try:
         tokenizer.encode_image_span(WIDE_CHARACTER * (my_max_chars + 1))
     except ValueError:
@@ -125,6 +143,7 @@ def check_longest_chinese_path(my_max_chars):
 
 @exercise("01.4", "Write my_end_position(a): the position of </img> from the position a of its <img>.")
 def check_end_position(my_end_position):
+    """The check of exercise 01.4: None when the answer is right, else a hint."""
     if not callable(my_end_position):
         return "give the function itself: check('01.4', my_end_position)"
     ids = _pair_context()[2]

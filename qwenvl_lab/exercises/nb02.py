@@ -9,8 +9,11 @@ from . import exercise
 from .nb01 import NOT_ATTEMPTED, PAIR
 
 RED, BLUE = "../data/images/red_circle.png", "../data/images/blue_square.png"
-THREE_CHATS = (([RED], "图片里是什么？"), (list(PAIR), "哪张图片里有红色的三角形？"),
-               ([BLUE], "What color is the square?"))
+THREE_CHATS = (
+    ([RED], "图片里是什么？"),
+    (list(PAIR), "哪张图片里有红色的三角形？"),
+    ([BLUE], "What color is the square?"),
+)
 
 
 def padded(chats, side: str = "left") -> torch.Tensor:
@@ -36,8 +39,10 @@ def _broken_batches() -> list[tuple[str, torch.Tensor]]:
     across = padded(THREE_CHATS[:2])
     across[0, torch.where(across[0] == IMAGE_END_ID)[0][0]] = 198  # row 0 loses its </img> …
     across[1, 3] = IMAGE_END_ID  # … and row 1 gets a stray one: as many of each tag in the batch as before
-    return [("a row whose second </img> is missing", missing),
-            ("a batch where row 0 lost its </img> and row 1 has a stray one", across)]
+    return [
+        ("a row whose second </img> is missing", missing),
+        ("a batch where row 0 lost its </img> and row 1 has a stray one", across),
+    ]
 
 
 def _as_img_pos(value):
@@ -55,23 +60,30 @@ def _img_pos_hint(name: str, got: torch.Tensor, expected: torch.Tensor) -> str:
     """What is wrong with `got` as img_pos of batch `name` (not equal to the package's `expected`)."""
     if got.dim() != 2 or got.shape[1] != 3:
         if got.numel() == 0:
-            return (f"on {name} yours has shape {tuple(got.shape)}; img_pos keeps its two dimensions even when it has "
-                    "no rows (one row per picture, three numbers each)")
+            return (
+                f"on {name} yours has shape {tuple(got.shape)}; img_pos keeps its two dimensions even when it has "
+                "no rows (one row per picture, three numbers each)"
+            )
         return f"on {name} yours has shape {tuple(got.shape)}; img_pos has one row per picture, three numbers each"
     if got.shape[0] != expected.shape[0]:
         return f"on {name} yours has {got.shape[0]} row(s); img_pos has one row per <img>…</img> pair of the batch"
     if torch.equal(got[:, 0], expected[:, 0]) and int((got[:, 1:] - expected[:, 1:]).abs().max()) == 1:
-        return (f"on {name} yours is off by one at a tag: img_pos holds the positions of <img> and </img> themselves, "
-                "not of the span's ids")
+        return (
+            f"on {name} yours is off by one at a tag: img_pos holds the positions of <img> and </img> themselves, "
+            "not of the span's ids"
+        )
     if sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist())):
         return f"on {name} your rows are right but in another order: list the pictures by batch row, then by position"
     k = next(k for k in range(len(got)) if not torch.equal(got[k], expected[k]))
-    return (f"on {name} row {k} of yours is {got[k].tolist()}: check its batch index and the positions of both tags "
-            "(torch.where on a [B, L] tensor returns the rows first, then the positions)")
+    return (
+        f"on {name} row {k} of yours is {got[k].tolist()}: check its batch index and the positions of both tags "
+        "(torch.where on a [B, L] tensor returns the rows first, then the positions)"
+    )
 
 
 @exercise("02.1", "Write my_locate_img_pos(input_ids [B, L]) → img_pos [N, 3]; raise ValueError when tags do not pair.")
 def check_locate_img_pos(my_locate_img_pos):
+    """The check of exercise 02.1: None when the answer is right, else a hint."""
     if not callable(my_locate_img_pos):
         return "give the function itself: check('02.1', my_locate_img_pos)"
     for k, (name, batch) in enumerate(_batches()):
@@ -93,15 +105,20 @@ def check_locate_img_pos(my_locate_img_pos):
         except ValueError:
             continue
         except Exception as err:  # any error but ValueError leaves the learner guessing
-            return (f"on {name} your function raised {type(err).__name__} ({err}), an error that does not say what "
-                    "is wrong: check the tags row by row and raise a ValueError that names the row")
-        return (f"on {name} your function returned an img_pos without complaint; the tags must pair up within each "
-                "row: check every row on its own and raise ValueError when they do not")
+            return (
+                f"on {name} your function raised {type(err).__name__} ({err}), an error that does not say what "
+                "is wrong: check the tags row by row and raise a ValueError that names the row"
+            )
+        return (
+            f"on {name} your function returned an img_pos without complaint; the tags must pair up within each "
+            "row: check every row on its own and raise ValueError when they do not"
+        )
     return None
 
 
 @exercise("02.2", "img_pos of the notebook's three chats padded on the right instead of the left.")
 def check_right_padding(my_right_img_pos):
+    """The check of exercise 02.2: None when the answer is right, else a hint."""
     got = _as_img_pos(my_right_img_pos)
     if isinstance(got, str):
         return got
@@ -117,6 +134,7 @@ def check_right_padding(my_right_img_pos):
 
 @exercise("02.3", "How many image feature rows (one per id of a span) does the notebook's batch need in total?")
 def check_feature_rows(my_rows):
+    """The check of exercise 02.3: None when the answer is right, else a hint."""
     if isinstance(my_rows, bool) or not isinstance(my_rows, int):
         return f"give a number of rows (an int), got {type(my_rows).__name__}"
     img_pos = locate_img_pos(padded(THREE_CHATS))  # [N, 3]

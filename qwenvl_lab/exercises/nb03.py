@@ -7,8 +7,16 @@ import torch
 from ..fake_ids import make_fake_prompt_ids, replace_image_spans
 from ..img_pos import locate_img_pos
 from ..limits import BuildConfig
-from ..tokenizing import (ENDOFTEXT_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE,
-                          TOKENIZER_VOCAB_SIZE, load_tokenizer, make_context)
+from ..tokenizing import (
+    ENDOFTEXT_ID,
+    IMAGE_END_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE,
+    TOKENIZER_VOCAB_SIZE,
+    load_tokenizer,
+    make_context,
+)
 from . import exercise
 
 NOT_ATTEMPTED = "not attempted yet: your function returns None; write its body so that it returns its result"
@@ -38,8 +46,10 @@ def number_hint(answer, expected: int, known: dict) -> str | None:
 def chat_batch(rows) -> torch.Tensor:
     """Left-padded context ids [B, L] of chat turns; rows[b] is (picture names, question)."""
     tokenizer = load_tokenizer()
-    ids = [make_context(tokenizer, tokenizer.from_list_format([{"image": p} for p in pictures] + [{"text": q}]))[1]
-           for pictures, q in rows]
+    ids = [
+        make_context(tokenizer, tokenizer.from_list_format([{"image": p} for p in pictures] + [{"text": q}]))[1]
+        for pictures, q in rows
+    ]
     length = max(map(len, ids))
     return torch.tensor([[ENDOFTEXT_ID] * (length - len(r)) + r for r in ids])  # [B, L]
 
@@ -48,22 +58,41 @@ def span_cases():
     """(description, input_ids, img_pos, fake_prompt_id) on which a replace_image_spans is compared with the package."""
     one = chat_batch([(["red_circle.png"], "What is in the picture?")])
     two = chat_batch([(["pair_a.png", "pair_b.png"], "Which picture has a red triangle?")])
-    batch = chat_batch([(["red_circle.png"], "图片里是什么？"), (["pair_a.png", "pair_b.png"], "哪张图片里有红色的三角形？")])
-    mixed = chat_batch([([], "Hello!"), (["blue_square.png"], "What color is the square?"),
-                        (["three_shapes.png"], "How many shapes are there?")])
+    batch = chat_batch(
+        [(["red_circle.png"], "图片里是什么？"), (["pair_a.png", "pair_b.png"], "哪张图片里有红色的三角形？")]
+    )
+    mixed = chat_batch(
+        [
+            ([], "Hello!"),
+            (["blue_square.png"], "What color is the square?"),
+            (["three_shapes.png"], "How many shapes are there?"),
+        ]
+    )
     per_request = torch.cat([make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1)])
     short = torch.tensor([[7, IMAGE_START_ID, 0, 0, 0, IMAGE_END_ID, 8, IMAGE_START_ID, 0, 0, 0, IMAGE_END_ID, 9]])
-    cases = [("one picture", one, None), ("two pictures in one row", two, None),
-             ("a batch of two left-padded rows, the second with two pictures", batch, None),
-             ("a batch of three rows, the first without a picture, fake ids restarting in every request",
-              mixed, per_request)]
+    cases = [
+        ("one picture", one, None),
+        ("two pictures in one row", two, None),
+        ("a batch of two left-padded rows, the second with two pictures", batch, None),
+        (
+            "a batch of three rows, the first without a picture, fake ids restarting in every request",
+            mixed,
+            per_request,
+        ),
+    ]
     out = []
     for name, ids, fake in cases:
         img_pos = locate_img_pos(ids)  # [N, 3]
         fake = make_fake_prompt_ids(MODEL_VOCAB_SIZE, len(img_pos)) if fake is None else fake  # [N, 256]
         out.append((name, ids, img_pos, fake))
-    out.append(("spans of 3 ids instead of 256", short, locate_img_pos(short, span=3),
-                make_fake_prompt_ids(MODEL_VOCAB_SIZE, 2, tokens_per_image=3)))
+    out.append(
+        (
+            "spans of 3 ids instead of 256",
+            short,
+            locate_img_pos(short, span=3),
+            make_fake_prompt_ids(MODEL_VOCAB_SIZE, 2, tokens_per_image=3),
+        )
+    )
     return out
 
 
@@ -73,8 +102,10 @@ def span_hint(name: str, ids, img_pos, fake, result) -> str | None:
     if not isinstance(result, torch.Tensor):
         return f"return the new ids as a torch tensor [B, L], not a {type(result).__name__} ({name})"
     if tuple(result.shape) != tuple(expected.shape):
-        return (f"the result has shape {tuple(result.shape)} but input_ids has shape {tuple(ids.shape)}: the "
-                f"sequences keep their length, a span is replaced in place ({name})")
+        return (
+            f"the result has shape {tuple(result.shape)} but input_ids has shape {tuple(ids.shape)}: the "
+            f"sequences keep their length, a span is replaced in place ({name})"
+        )
     if result.dtype.is_floating_point or result.dtype == torch.bool:
         return f"the ids came back as {result.dtype}: keep them integer token ids ({name})"
     result = result.long()
@@ -86,16 +117,22 @@ def span_hint(name: str, ids, img_pos, fake, result) -> str | None:
         tags = (expected == IMAGE_START_ID) | (expected == IMAGE_END_ID)
         if not (wrong_outside & ~tags).any():
             return f"an <img> or </img> tag was overwritten: the fake ids go strictly between the two tags ({name})"
-        return (f"ids outside the image spans changed ({name}): only the ids between <img> and </img> are "
-                "replaced, and each picture's span lies in the row that img_pos names")
+        return (
+            f"ids outside the image spans changed ({name}): only the ids between <img> and </img> are "
+            "replaced, and each picture's span lies in the row that img_pos names"
+        )
     for k, (i, a, b) in enumerate(img_pos.tolist()):
         if not torch.equal(result[i, a + 1 : b], expected[i, a + 1 : b]):
-            return (f"the span of picture {k} (row {i}) does not hold that picture's row of fake_prompt_id ({name}); "
-                    "picture k of img_pos takes row k")
+            return (
+                f"the span of picture {k} (row {i}) does not hold that picture's row of fake_prompt_id ({name}); "
+                "picture k of img_pos takes row k"
+            )
     return None
 
 
-@exercise("03.1", "Write replace_image_spans(input_ids, img_pos, fake_prompt_id): each picture's span gets its fake ids")
+@exercise(
+    "03.1", "Write replace_image_spans(input_ids, img_pos, fake_prompt_id): each picture's span gets its fake ids"
+)
 def check_replace_image_spans(my_replace):
     """Compare the learner's function with the package's on single pictures, two in a row, and batches."""
     if not callable(my_replace):
@@ -106,8 +143,10 @@ def check_replace_image_spans(my_replace):
         if result is None:
             return NOT_ATTEMPTED
         if not torch.equal(given, ids):
-            return (f"your function changed the input_ids it was given ({name}): work on a copy, the caller's ids "
-                    "must stay as they were")
+            return (
+                f"your function changed the input_ids it was given ({name}): work on a copy, the caller's ids "
+                "must stay as they were"
+            )
         hint = span_hint(name, ids, img_pos, fake, result)
         if hint is not None:
             return hint
@@ -117,40 +156,59 @@ def check_replace_image_spans(my_replace):
 @exercise("03.2", "How many ids lie between the tokenizer's last id and the first fake id?")
 def check_gap(answer):
     """The padding rows of the embedding: ids no token uses, below the first fake id."""
-    return number_hint(answer, MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE, {
-        MODEL_VOCAB_SIZE - ENDOFTEXT_ID: "that counts the special tokens too: start after the tokenizer's last id",
-        TOKENIZER_VOCAB_SIZE - ENDOFTEXT_ID: "that is the number of special tokens; the gap comes after them",
-        MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE + 1: "off by one: the tokenizer's last id and the first fake id "
-                                                     "themselves are not in the gap",
-        MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE - 1: "off by one: len(tokenizer) is one past the tokenizer's last id",
-    })
+    return number_hint(
+        answer,
+        MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE,
+        {
+            MODEL_VOCAB_SIZE - ENDOFTEXT_ID: "that counts the special tokens too: start after the tokenizer's last id",
+            TOKENIZER_VOCAB_SIZE - ENDOFTEXT_ID: "that is the number of special tokens; the gap comes after them",
+            MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE + 1: "off by one: the tokenizer's last id and the first fake id "
+            "themselves are not in the gap",
+            MODEL_VOCAB_SIZE
+            - TOKENIZER_VOCAB_SIZE
+            - 1: "off by one: len(tokenizer) is one past the tokenizer's last id",
+        },
+    )
 
 
-@exercise("03.3", "A batch holds 3 pictures in the python-session convention: what is the third picture's first fake id?")
+@exercise(
+    "03.3", "A batch holds 3 pictures in the python-session convention: what is the third picture's first fake id?"
+)
 def check_third_first_id(answer):
     """Ids increase over all pictures of the batch: picture k starts 256·k past vocab_size."""
     ids = make_fake_prompt_ids(MODEL_VOCAB_SIZE, 3)  # [3, 256]
     wrong_start = make_fake_prompt_ids(ENDOFTEXT_ID, 3)
-    return number_hint(answer, int(ids[2, 0]), {
-        int(ids[0, 0]): "that is the first picture's first id; in this convention the ids go on increasing over "
-                        "all pictures of the batch",
-        int(ids[1, 0]): "that is the second picture's first id: pictures are counted from 0",
-        int(ids[1, -1]): "that is the second picture's last id",
-        int(ids[2, -1]): "that is the third picture's last id, not its first",
-        int(ids[2, -1]) + 1: "that id would come after the third picture's span",
-        int(wrong_start[2, 0]): "fake ids start at the model's vocab_size, not at 151643",
-    })
+    return number_hint(
+        answer,
+        int(ids[2, 0]),
+        {
+            int(ids[0, 0]): "that is the first picture's first id; in this convention the ids go on increasing over "
+            "all pictures of the batch",
+            int(ids[1, 0]): "that is the second picture's first id: pictures are counted from 0",
+            int(ids[1, -1]): "that is the second picture's last id",
+            int(ids[2, -1]): "that is the third picture's last id, not its first",
+            int(ids[2, -1]) + 1: "that id would come after the third picture's span",
+            int(wrong_start[2, 0]): "fake ids start at the model's vocab_size, not at 151643",
+        },
+    )
 
 
-@exercise("03.4", "max_prompt_embedding_table_size 2048, max_batch_size 8: how many pictures may one request hold "
-                  "under in-flight batching?")
+@exercise(
+    "03.4",
+    "max_prompt_embedding_table_size 2048, max_batch_size 8: how many pictures may one request hold "
+    "under in-flight batching?",
+)
 def check_images_per_request(answer):
     """Each request owns rows_per_request = 2048 / 8 rows; a picture takes 256 of them."""
     build = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
-    return number_hint(answer, build.rows_per_request // IMG_TOKEN_SPAN, {
-        build.max_prompt_embedding_table_size // IMG_TOKEN_SPAN:
-            "that many pictures fill the whole table; under in-flight batching the table is shared out equally "
+    return number_hint(
+        answer,
+        build.rows_per_request // IMG_TOKEN_SPAN,
+        {
+            build.max_prompt_embedding_table_size
+            // IMG_TOKEN_SPAN: "that many pictures fill the whole table; under in-flight batching the table is shared out equally "
             "among the max_batch_size requests",
-        build.rows_per_request: "that is a request's share of rows; how many pictures of 256 rows fit in it?",
-        0: "then no request could send a picture: compute a request's share of the rows first",
-    })
+            build.rows_per_request: "that is a request's share of rows; how many pictures of 256 rows fit in it?",
+            0: "then no request could send a picture: compute a request's share of the rows first",
+        },
+    )

@@ -21,24 +21,46 @@ def lookup_cases():
     gen = torch.Generator().manual_seed(4)
     small_vocab = torch.randn(10, 4, generator=gen)  # V = 10, H = 4
     cases = [
-        ("one sequence, task 0", torch.tensor([[1, 10, 11, 12, 9, 0]]), small_vocab, torch.randn(3, 4, generator=gen),
-         torch.tensor([0], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), 10),
-        ("two sequences with tasks 0 and 1", torch.tensor([[10, 11, 2, 12], [3, 10, 11, 12]]), small_vocab,
-         torch.randn(6, 4, generator=gen), torch.tensor([0, 1], dtype=torch.int32),
-         torch.tensor([3], dtype=torch.int32), 10),
-        ("three sequences with tasks 2, 0 and 1, the second without fake ids",
-         torch.tensor([[10, 11, 5, 9], [4, 4, 9, 4], [11, 10, 9, 0]]), small_vocab, torch.randn(6, 4, generator=gen),
-         torch.tensor([2, 0, 1], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 10),
+        (
+            "one sequence, task 0",
+            torch.tensor([[1, 10, 11, 12, 9, 0]]),
+            small_vocab,
+            torch.randn(3, 4, generator=gen),
+            torch.tensor([0], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+            10,
+        ),
+        (
+            "two sequences with tasks 0 and 1",
+            torch.tensor([[10, 11, 2, 12], [3, 10, 11, 12]]),
+            small_vocab,
+            torch.randn(6, 4, generator=gen),
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+            10,
+        ),
+        (
+            "three sequences with tasks 2, 0 and 1, the second without fake ids",
+            torch.tensor([[10, 11, 5, 9], [4, 4, 9, 4], [11, 10, 9, 0]]),
+            small_vocab,
+            torch.randn(6, 4, generator=gen),
+            torch.tensor([2, 0, 1], dtype=torch.int32),
+            torch.tensor([2], dtype=torch.int32),
+            10,
+        ),
     ]
     length = 2 * (IMG_TOKEN_SPAN + 3) + 6
     batch = torch.tensor([picture_row(1, 5, length), picture_row(2, 6, length)])  # [2, L]: 1 and 2 pictures
     input_vit = torch.randn(3, IMG_TOKEN_SPAN, 4, generator=gen)  # [N, 256, H]
     wte = torch.randn(MODEL_VOCAB_SIZE, 4, generator=gen)  # [V, H]
-    for name, convention in [("the real vocabulary, in-flight batching (per_request_tables)", per_request_tables),
-                             ("the real vocabulary, python session (single_table_batch)", single_table_batch)]:
+    for name, convention in [
+        ("the real vocabulary, in-flight batching (per_request_tables)", per_request_tables),
+        ("the real vocabulary, python session (single_table_batch)", single_table_batch),
+    ]:
         ids, table, tasks, task_vocab_size = convention(batch, input_vit, MODEL_VOCAB_SIZE)
-        cases.append((name, ids, wte, table, tasks, torch.tensor([task_vocab_size], dtype=torch.int32),
-                      MODEL_VOCAB_SIZE))
+        cases.append(
+            (name, ids, wte, table, tasks, torch.tensor([task_vocab_size], dtype=torch.int32), MODEL_VOCAB_SIZE)
+        )
     return cases
 
 
@@ -54,14 +76,17 @@ def fake_rows_hint(name, ids, table, tasks, task_vocab_size, vocab_size, got) ->
         return bool(there.any()) and torch.equal(got[there], table[rows[there]])
 
     if reads(offset):
-        return (f"the fake ids ignore `tasks` ({name}): a sequence whose task is not 0 reads another task's "
-                "block of rows")
+        return (
+            f"the fake ids ignore `tasks` ({name}): a sequence whose task is not 0 reads another task's block of rows"
+        )
     if reads(offset + task_rows + 1) or reads(offset + task_rows - 1):
         return f"off by one ({name}): the id vocab_size itself reads the first row of its task's block"
     if reads(offset + tasks.long()[:, None].expand_as(ids)):
         return f"the task is added as a row count ({name}): each task owns a whole block of task_vocab_size rows"
-    return (f"the fake ids (>= vocab_size) read the wrong rows of the prompt table ({name}): apply the lookup rule, "
-            "task offset included")
+    return (
+        f"the fake ids (>= vocab_size) read the wrong rows of the prompt table ({name}): apply the lookup rule, "
+        "task offset included"
+    )
 
 
 def lookup_hint(case, result) -> str | None:
@@ -71,8 +96,10 @@ def lookup_hint(case, result) -> str | None:
     if not isinstance(result, torch.Tensor):
         return f"return the embeddings as a torch tensor [B, L, H], not a {type(result).__name__} ({name})"
     if tuple(result.shape) != tuple(expected.shape):
-        return (f"the result has shape {tuple(result.shape)} for input_ids of shape {tuple(ids.shape)}: return one "
-                f"vector of the hidden size per id, [B, L, H] ({name})")
+        return (
+            f"the result has shape {tuple(result.shape)} for input_ids of shape {tuple(ids.shape)}: return one "
+            f"vector of the hidden size per id, [B, L, H] ({name})"
+        )
     if result.dtype != expected.dtype:
         return f"the embeddings came back as {result.dtype}: keep the tables' dtype ({name})"
     fake = ids >= vocab_size  # [B, L]
@@ -85,8 +112,11 @@ def lookup_hint(case, result) -> str | None:
     return None
 
 
-@exercise("04.1", "Write TensorRT-LLM's lookup prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, "
-                  "task_vocab_size, vocab_size), tasks included")
+@exercise(
+    "04.1",
+    "Write TensorRT-LLM's lookup prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, "
+    "task_vocab_size, vocab_size), tasks included",
+)
 def check_prompt_tuning_embedding(my_lookup):
     """Compare the learner's lookup with the package's on batches with one and several tasks."""
     if not callable(my_lookup):
@@ -105,20 +135,30 @@ def check_prompt_tuning_embedding(my_lookup):
     return None
 
 
-@exercise("04.2", "In-flight batching, tasks [0, 1], task_vocab_size 512: which table row does the fake id 151940 of "
-                  "request 1 read?")
+@exercise(
+    "04.2",
+    "In-flight batching, tasks [0, 1], task_vocab_size 512: which table row does the fake id 151940 of request 1 read?",
+)
 def check_row_of_request_1(answer):
     """Row (id − V) + task · task_vocab_size for id 151940, task 1, task_vocab_size 512."""
     fake_id, task, task_vocab_size = 151940, 1, 512
     offset = fake_id - MODEL_VOCAB_SIZE
-    return number_hint(answer, offset + task * task_vocab_size, {
-        offset: "that is the row the id reads in request 0's block; request 1's task is 1",
-        offset + task * task_vocab_size + 1: "off by one: the id vocab_size itself reads the first row of the block",
-        offset + task * task_vocab_size - 1: "off by one: the id vocab_size itself reads the first row of the block",
-        offset + IMG_TOKEN_SPAN: "task_vocab_size is 512 here (a request's share of rows), not 256",
-        fake_id: "a fake id is not a row number itself: subtract vocab_size first",
-        fake_id - 151643: "vocab_size is the model's 151936, not 151643",
-    })
+    return number_hint(
+        answer,
+        offset + task * task_vocab_size,
+        {
+            offset: "that is the row the id reads in request 0's block; request 1's task is 1",
+            offset
+            + task * task_vocab_size
+            + 1: "off by one: the id vocab_size itself reads the first row of the block",
+            offset
+            + task * task_vocab_size
+            - 1: "off by one: the id vocab_size itself reads the first row of the block",
+            offset + IMG_TOKEN_SPAN: "task_vocab_size is 512 here (a request's share of rows), not 256",
+            fake_id: "a fake id is not a row number itself: subtract vocab_size first",
+            fake_id - 151643: "vocab_size is the model's 151936, not 151643",
+        },
+    )
 
 
 BLUE_SQUARE = (("blue", "square"), ("蓝", "正方形"))  # words that name blue_square.png, in English and Chinese
@@ -131,7 +171,9 @@ def names(answer: str, words) -> bool:
     return any(all(w in text for w in lang) for lang in words)
 
 
-@exercise("04.3", "Keep red_circle.png's fake ids, read blue_square.png's table: which picture does the answer describe?")
+@exercise(
+    "04.3", "Keep red_circle.png's fake ids, read blue_square.png's table: which picture does the answer describe?"
+)
 def check_table_decides(answer):
     """The ids name no picture any more: the table alone carries it."""
     if not isinstance(answer, str):
@@ -139,13 +181,20 @@ def check_table_decides(answer):
     if names(answer, BLUE_SQUARE) and not names(answer, RED_CIRCLE):
         return None
     if names(answer, RED_CIRCLE):
-        return ("the ids were built from red_circle.png's span, but after replace_image_spans do they still name a "
-                "picture? Run answers_with with the other table and read what the model says")
-    return "run answers_with(fake_ids, <the other picture's table>) and store the answer, or name the picture it describes"
+        return (
+            "the ids were built from red_circle.png's span, but after replace_image_spans do they still name a "
+            "picture? Run answers_with with the other table and read what the model says"
+        )
+    return (
+        "run answers_with(fake_ids, <the other picture's table>) and store the answer, or name the picture it describes"
+    )
 
 
-@exercise("04.4", "A batch of 3 requests with 2, 0 and 1 pictures: how many table rows under the python-session "
-                  "convention and under in-flight batching? Answer (session_rows, in_flight_rows)")
+@exercise(
+    "04.4",
+    "A batch of 3 requests with 2, 0 and 1 pictures: how many table rows under the python-session "
+    "convention and under in-flight batching? Answer (session_rows, in_flight_rows)",
+)
 def check_table_rows(answer):
     """One block per picture (session), or one equal block per request sized for the fullest request (in flight)."""
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
@@ -158,14 +207,22 @@ def check_table_rows(answer):
     session_given, in_flight_given = answer
     if whole_number(session_given) is None or whole_number(in_flight_given) is None:
         return f"give two whole numbers, got {answer!r}"
-    hint = number_hint(session_given, session, {
-        in_flight: "the python session's table has one block per picture, and nothing for a request without one",
-    })
+    hint = number_hint(
+        session_given,
+        session,
+        {
+            in_flight: "the python session's table has one block per picture, and nothing for a request without one",
+        },
+    )
     if hint is not None:
         return f"the python-session table: {hint}"
-    hint = number_hint(in_flight_given, in_flight, {
-        session: "under in-flight batching every request owns a block of the same size, big enough for the "
-                 "request with the most pictures",
-        in_flight * 2 // 3: "the request without pictures keeps its slot too: tasks are slot numbers",
-    })
+    hint = number_hint(
+        in_flight_given,
+        in_flight,
+        {
+            session: "under in-flight batching every request owns a block of the same size, big enough for the "
+            "request with the most pictures",
+            in_flight * 2 // 3: "the request without pictures keeps its slot too: tasks are slot numbers",
+        },
+    )
     return None if hint is None else f"the in-flight table: {hint}"

@@ -24,6 +24,7 @@ def int_list(value):
 
 @exercise("05.1", "--max_prompt_embedding_table_size for up to 4 requests of up to 3 pictures each")
 def check_table_size(size):
+    """The check of exercise 05.1: None when the answer is right, else a hint."""
     if isinstance(size, bool) or not isinstance(size, int):
         return "answer with an int, a number of table rows"
     if size == prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=3):
@@ -37,6 +38,7 @@ def check_table_size(size):
 
 @exercise("05.2", "the trtllm-build command for float16, 4 requests of up to 2 pictures, 1024 input / 2048 total ids")
 def check_command(command):
+    """The check of exercise 05.2: None when the answer is right, else a hint."""
     if not isinstance(command, (list, tuple)) or not command or not all(isinstance(p, str) for p in command):
         return "give the list of strings trtllm_build_command returns"
     if command[0] != "trtllm-build" or len(command) % 2 == 0:
@@ -56,6 +58,7 @@ def check_command(command):
 
 @exercise("05.3", "the TensorRT-LLM checkpoint name of Qwen-VL-Chat's transformer.h.1.mlp.w2.weight")
 def check_weight_name(name):
+    """The check of exercise 05.3: None when the answer is right, else a hint."""
     if not isinstance(name, str):
         return "answer with the weight's name, a str"
     if name == trtllm_name("transformer.h.1.mlp.w2.weight"):
@@ -69,6 +72,7 @@ def check_weight_name(name):
 
 @exercise("05.4", "the engine's tasks input for a packed context step of 287 and 289 prompt ids")
 def check_packed_tasks(tasks):
+    """The check of exercise 05.4: None when the answer is right, else a hint."""
     tasks = int_list(tasks)
     if tasks is None:
         return "answer with a list of ints"
@@ -76,8 +80,10 @@ def check_packed_tasks(tasks):
     if tasks == expected:
         return None
     if tasks == [position for position, _ in PACKED]:
-        return ("that is one task per request, what generate takes; the engine's input has one per token of the "
-                "packed batch")
+        return (
+            "that is one task per request, what generate takes; the engine's input has one per token of the "
+            "packed batch"
+        )
     if len(tasks) != len(expected):
         return f"{len(tasks)} values: the packed batch has {len(expected)} tokens, and tasks one value for each"
     return "each token carries the batch position of the request it belongs to, in the packed order"
@@ -85,6 +91,7 @@ def check_packed_tasks(tasks):
 
 @exercise("05.5", "the engine's tasks input for a generation step: position 0 with 3 beams, position 1 greedy")
 def check_step_tasks(tasks):
+    """The check of exercise 05.5: None when the answer is right, else a hint."""
     tasks = int_list(tasks)
     if tasks is None:
         return "answer with a list of ints"

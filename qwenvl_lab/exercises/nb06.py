@@ -64,12 +64,14 @@ def as_ids(value):
 
 def counting_logits(prompt_len: int, stop_after=None):
     """A stand-in model: its next token is the last id + 1, or <|im_end|> once `stop_after` new ids are there."""
+
     def next_logits(ids):
         ids = as_ids(ids)
         best = IM_END_ID if stop_after is not None and len(ids) >= prompt_len + stop_after else ids[-1] + 1
         logits = torch.zeros(IM_END_ID + 1)
         logits[best] = 1.0
         return logits
+
     return next_logits
 
 
@@ -80,13 +82,20 @@ def model_logits(picture: str, question: str):
 
     def next_logits(so_far):
         with torch.inference_mode():
-            return model(torch.tensor([as_ids(so_far)]), prompt_table=table[0], tasks=torch.zeros(1, dtype=torch.int32),
-                         task_vocab_size=table.shape[1], logits_to_keep=1).logits[0, -1]
+            return model(
+                torch.tensor([as_ids(so_far)]),
+                prompt_table=table[0],
+                tasks=torch.zeros(1, dtype=torch.int32),
+                task_vocab_size=table.shape[1],
+                logits_to_keep=1,
+            ).logits[0, -1]
+
     return next_logits, ids.tolist()
 
 
 @exercise("06.1", "my_greedy(next_logits, prompt, steps): the first `steps` greedy tokens after `prompt`")
 def check_greedy(my_greedy):
+    """The check of exercise 06.1: None when the answer is right, else a hint."""
     if not callable(my_greedy):
         return "give your function itself (my_greedy), not its result"
     try:
@@ -101,14 +110,18 @@ def check_greedy(my_greedy):
     if first[:2] == [7, 8]:
         return "return only the new tokens, not the prompt"
     if first == [9] * 4:  # the first step's token, again and again
-        return ("every step asked the model about the same ids: each new token must join the ids before the next "
-                "step asks for logits")
+        return (
+            "every step asked the model about the same ids: each new token must join the ids before the next "
+            "step asks for logits"
+        )
     if first != [9, 10, 11, 12]:
         return "on a stand-in model whose next token is always the last id + 1, your tokens are not the ones it prefers"
     stopped = as_ids(my_greedy(counting_logits(1, stop_after=2), [5], 6))
     if stopped != [6, 7, IM_END_ID]:
-        return (f"when <|im_end|> ({IM_END_ID}) is chosen, keep it as the last new token and stop there; "
-                f"a stand-in model that ends after two tokens gave {stopped}")
+        return (
+            f"when <|im_end|> ({IM_END_ID}) is chosen, keep it as the last new token and stop there; "
+            f"a stand-in model that ends after two tokens gave {stopped}"
+        )
     if as_ids(my_greedy(counting_logits(1), [5], 0)) != []:
         return "steps=0 asks for no new token: return an empty list"
     for picture, question, steps in GREEDY_CASES:
@@ -118,19 +131,25 @@ def check_greedy(my_greedy):
         mine = as_ids(my_greedy(next_logits, prompt, steps))
         if mine != expected:
             differ = next((k for k, (a, b) in enumerate(zip(mine or [], expected)) if a != b), None)
-            where = (f"from step {differ}" if differ is not None
-                     else f"in length ({len(mine or [])} against {len(expected)})")
-            return (f"on the course model ({picture}, {question!r}, {steps} steps) your tokens differ from the engine's "
-                    f"greedy tokens {where}; take the highest logit at every step")
+            where = (
+                f"from step {differ}"
+                if differ is not None
+                else f"in length ({len(mine or [])} against {len(expected)})"
+            )
+            return (
+                f"on the course model ({picture}, {question!r}, {steps} steps) your tokens differ from the engine's "
+                f"greedy tokens {where}; take the highest logit at every step"
+            )
     return None
 
 
 @exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 24 new ids)")
 def check_end_count(count):
+    """The check of exercise 06.2: None when the answer is right, else a hint."""
     if isinstance(count, bool) or not isinstance(count, int):
         return "answer with an int"
     out = engine_output("red_circle.png", "图片里是什么？", 24)
-    new = out["output_ids"][0, 0, out["input_len"]:].tolist()
+    new = out["output_ids"][0, 0, out["input_len"] :].tolist()
     if count == new.count(IM_END_ID):
         return None
     if count == 1:
@@ -140,27 +159,38 @@ def check_end_count(count):
 
 @exercise("06.3", "the second beam of a 2-beam search (red_circle.png, 图片里是什么？), decoded")
 def check_second_beam(text):
+    """The check of exercise 06.3: None when the answer is right, else a hint."""
     if not isinstance(text, str):
         return "answer with the decoded text, a str"
     out = engine_output("red_circle.png", "图片里是什么？", 24, num_beams=2)
     tokenizer = course()[2]
-    beams = [tokenizer.decode(out["output_ids"][0, k, out["input_len"] : int(out["sequence_lengths"][0, k])].tolist(),
-                              skip_special_tokens=True) for k in range(2)]
+    beams = [
+        tokenizer.decode(
+            out["output_ids"][0, k, out["input_len"] : int(out["sequence_lengths"][0, k])].tolist(),
+            skip_special_tokens=True,
+        )
+        for k in range(2)
+    ]
     if text.strip() == beams[1].strip():
         return None
     if text.strip() == beams[0].strip():
         return "that is the best beam, row 0 of the beams; the second is the next row"
-    return ("run generate_for_qwenvl with num_beams=2 and return_dict=True, take beam row 1 from the prompt's end to "
-            "its sequence length, and decode it with skip_special_tokens=True")
+    return (
+        "run generate_for_qwenvl with num_beams=2 and return_dict=True, take beam row 1 from the prompt's end to "
+        "its sequence length, and decode it with skip_special_tokens=True"
+    )
 
 
 @exercise("06.4", f"the answers to {TWO_QUESTIONS} from one generate_for_qwenvl call")
 def check_two_answers(answers):
+    """The check of exercise 06.4: None when the answer is right, else a hint."""
     answers = list(answers) if isinstance(answers, (list, tuple)) else None
     if answers is None or len(answers) != 2 or not all(isinstance(a, str) for a in answers):
         return "answer with a list of two strings, in the order of the questions"
     runner, vision, tokenizer, _ = course()
-    alone = [ask(runner, vision, tokenizer, [images_dir() / picture], question)[0] for picture, question in TWO_QUESTIONS]
+    alone = [
+        ask(runner, vision, tokenizer, [images_dir() / picture], question)[0] for picture, question in TWO_QUESTIONS
+    ]
     if [a.strip() for a in answers] == alone:
         return None
     if [a.strip() for a in answers] == alone[::-1]:
@@ -170,6 +200,7 @@ def check_two_answers(answers):
 
 @exercise("06.5", f"the pixel corners (x1, y1, x2, y2) of the box in {BOX_ANSWER!r} about {BOX_PICTURE}")
 def check_box_pixels(corners):
+    """The check of exercise 06.5: None when the answer is right, else a hint."""
     corners = as_ids(corners)
     if corners is None or len(corners) != 4:
         return "answer with four ints (x1, y1, x2, y2)"

@@ -55,7 +55,9 @@ def count_accuracy(answer):
     value = _number(answer)
     if value is None or not 0 <= value <= 1:
         return "give the accuracy as a number between 0 and 1"
-    expected = evaluate(load_course_model(), load_tokenizer(), examples=make_dataset(1, 24, kinds=("count",)))["overall"]
+    expected = evaluate(load_course_model(), load_tokenizer(), examples=make_dataset(1, 24, kinds=("count",)))[
+        "overall"
+    ]
     if abs(value - expected) > 1e-9:
         return "pass make_dataset(1, 24, kinds=('count',)) as examples and read the 'overall' entry"
     return None

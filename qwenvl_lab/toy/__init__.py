@@ -20,10 +20,24 @@ CHECKPOINT_ENV = "QWENVL_LAB_CHECKPOINT"  # point the course at a real Qwen-VL-C
 
 # Qwen-VL's architecture at a laptop size: the real vocabulary (151936) and 256 image queries, head size 64
 TOY_CONFIG = dict(
-    vocab_size=151936, hidden_size=128, num_hidden_layers=4, num_attention_heads=2, kv_channels=64,
-    intermediate_size=1024, seq_length=2048, max_position_embeddings=8192,
-    visual=dict(heads=2, image_size=112, image_start_id=151857, layers=3, mlp_ratio=2.0, output_dim=128,
-                patch_size=14, width=128),
+    vocab_size=151936,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    kv_channels=64,
+    intermediate_size=1024,
+    seq_length=2048,
+    max_position_embeddings=8192,
+    visual=dict(
+        heads=2,
+        image_size=112,
+        image_start_id=151857,
+        layers=3,
+        mlp_ratio=2.0,
+        output_dim=128,
+        patch_size=14,
+        width=128,
+    ),
 )
 
 
@@ -47,8 +61,9 @@ def load_course_model(checkpoint_dir=None, dtype=torch.float32, device="cpu"):
 load_toy_model = load_course_model  # the name before 0.2; kept for one release
 
 # the notebooks' engine: 4 requests of up to 2 pictures, 3 beams
-COURSE_BUILD = BuildConfig(max_batch_size=4, max_input_len=640, max_seq_len=704, max_prompt_embedding_table_size=2048,
-                           max_beam_width=3)
+COURSE_BUILD = BuildConfig(
+    max_batch_size=4, max_input_len=640, max_seq_len=704, max_prompt_embedding_table_size=2048, max_beam_width=3
+)
 
 
 def course_engine(build_config: BuildConfig = COURSE_BUILD, checkpoint_dir=None) -> Path:
@@ -56,8 +71,11 @@ def course_engine(build_config: BuildConfig = COURSE_BUILD, checkpoint_dir=None)
     `build_config`, then reused — by every notebook — until the model or the limits change."""
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
     files = sorted(p for p in checkpoint_dir.iterdir() if p.is_file()) if checkpoint_dir.is_dir() else []
-    source = [str(checkpoint_dir.resolve()), asdict(build_config),
-              [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]]
+    source = [
+        str(checkpoint_dir.resolve()),
+        asdict(build_config),
+        [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files],
+    ]
     tag = hashlib.sha256(json.dumps(source).encode()).hexdigest()[:12]
     engine_dir = output_dir() / "engines" / f"{checkpoint_dir.name}-{tag}"
     try:

@@ -6,7 +6,17 @@ import argparse
 from pathlib import Path
 
 from qwenvl_lab.toy.shapes import (
-    COLORS, KINDS, LANGS, PICTURE_SIZE, Scene, Shape, color_of, count, describe, question, which_picture,
+    COLORS,
+    KINDS,
+    LANGS,
+    PICTURE_SIZE,
+    Scene,
+    Shape,
+    color_of,
+    count,
+    describe,
+    question,
+    which_picture,
 )
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -24,23 +34,33 @@ SAMPLES = {
     "green_triangle.png": _scene(("green", "triangle", (0.4, 0.2, 0.8, 0.6))),
     "yellow_circle.png": _scene(("yellow", "circle", (0.1, 0.5, 0.45, 0.85))),
     "red_circle_blue_square.png": _scene(
-        ("red", "circle", (0.08, 0.2, 0.43, 0.55)), ("blue", "square", (0.55, 0.45, 0.9, 0.8))),
+        ("red", "circle", (0.08, 0.2, 0.43, 0.55)), ("blue", "square", (0.55, 0.45, 0.9, 0.8))
+    ),
     "green_triangle_yellow_square.png": _scene(
-        ("green", "triangle", (0.1, 0.55, 0.45, 0.9)), ("yellow", "square", (0.55, 0.1, 0.9, 0.45))),
+        ("green", "triangle", (0.1, 0.55, 0.45, 0.9)), ("yellow", "square", (0.55, 0.1, 0.9, 0.45))
+    ),
     "blue_circle_red_triangle.png": _scene(
-        ("blue", "circle", (0.12, 0.12, 0.42, 0.42)), ("red", "triangle", (0.5, 0.45, 0.9, 0.85))),
+        ("blue", "circle", (0.12, 0.12, 0.42, 0.42)), ("red", "triangle", (0.5, 0.45, 0.9, 0.85))
+    ),
     "green_square_yellow_triangle.png": _scene(
-        ("green", "square", (0.1, 0.3, 0.4, 0.6)), ("yellow", "triangle", (0.55, 0.3, 0.9, 0.65))),
+        ("green", "square", (0.1, 0.3, 0.4, 0.6)), ("yellow", "triangle", (0.55, 0.3, 0.9, 0.65))
+    ),
     "three_shapes.png": _scene(
-        ("red", "circle", (0.05, 0.1, 0.35, 0.4)), ("blue", "square", (0.38, 0.6, 0.65, 0.87)),
-        ("green", "triangle", (0.66, 0.1, 0.96, 0.4))),
+        ("red", "circle", (0.05, 0.1, 0.35, 0.4)),
+        ("blue", "square", (0.38, 0.6, 0.65, 0.87)),
+        ("green", "triangle", (0.66, 0.1, 0.96, 0.4)),
+    ),
     "yellow_square_green_circle_red_square.png": _scene(
-        ("yellow", "square", (0.06, 0.55, 0.36, 0.85)), ("green", "circle", (0.38, 0.12, 0.66, 0.4)),
-        ("red", "square", (0.68, 0.5, 0.94, 0.76))),
+        ("yellow", "square", (0.06, 0.55, 0.36, 0.85)),
+        ("green", "circle", (0.38, 0.12, 0.66, 0.4)),
+        ("red", "square", (0.68, 0.5, 0.94, 0.76)),
+    ),
     "pair_a_yellow_circle_red_triangle.png": _scene(
-        ("yellow", "circle", (0.1, 0.3, 0.45, 0.65)), ("red", "triangle", (0.55, 0.3, 0.9, 0.65))),
+        ("yellow", "circle", (0.1, 0.3, 0.45, 0.65)), ("red", "triangle", (0.55, 0.3, 0.9, 0.65))
+    ),
     "pair_b_blue_square_yellow_circle.png": _scene(
-        ("blue", "square", (0.12, 0.5, 0.44, 0.82)), ("yellow", "circle", (0.55, 0.15, 0.88, 0.48))),
+        ("blue", "square", (0.12, 0.5, 0.44, 0.82)), ("yellow", "circle", (0.55, 0.15, 0.88, 0.48))
+    ),
 }
 # (Picture 1, Picture 2) for the two-picture question
 PAIRS = (("pair_a_yellow_circle_red_triangle.png", "pair_b_blue_square_yellow_circle.png"),)
@@ -63,8 +83,10 @@ def _pair_rows(scenes: list[Scene]) -> list[tuple[str, str]]:
     for color in COLORS:
         for kind in KINDS:
             if ((color, kind) in present[0]) != ((color, kind) in present[1]):
-                rows += [(question("which", lang, shape=kind, color=color), which_picture(scenes, color, kind, lang))
-                         for lang in LANGS]
+                rows += [
+                    (question("which", lang, shape=kind, color=color), which_picture(scenes, color, kind, lang))
+                    for lang in LANGS
+                ]
     return rows
 
 

@@ -18,8 +18,11 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
     dtype = dtype_name(build_config.dtype)
     configured = build_config.max_prompt_embedding_table_size
     if configured != table_size:
-        why = ("an engine built with 0 has no prompt-table input and ignores the image (TensorRT-LLM issue #1300)"
-               if configured == 0 else "each request's table sits at row slot × size / max_batch_size")
+        why = (
+            "an engine built with 0 has no prompt-table input and ignores the image (TensorRT-LLM issue #1300)"
+            if configured == 0
+            else "each request's table sits at row slot × size / max_batch_size"
+        )
         raise ValueError(
             f"build_config.max_prompt_embedding_table_size is {configured}, but {images_per_request} image(s) per "
             f"request × max_batch_size {build_config.max_batch_size} need 256 × {images_per_request} × "
@@ -40,16 +43,26 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
             )
     return [
         "trtllm-build",
-        "--checkpoint_dir", str(checkpoint_dir),
-        "--output_dir", str(engine_dir),
-        "--gemm_plugin", dtype,
-        "--gpt_attention_plugin", dtype,
-        "--max_batch_size", str(build_config.max_batch_size),
-        "--max_beam_width", str(build_config.max_beam_width),
-        "--max_input_len", str(build_config.max_input_len),
-        "--max_seq_len", str(build_config.max_seq_len),
-        "--max_prompt_embedding_table_size", str(table_size),  # without it the image is silently ignored (#1300)
-        "--remove_input_padding", "enable",
+        "--checkpoint_dir",
+        str(checkpoint_dir),
+        "--output_dir",
+        str(engine_dir),
+        "--gemm_plugin",
+        dtype,
+        "--gpt_attention_plugin",
+        dtype,
+        "--max_batch_size",
+        str(build_config.max_batch_size),
+        "--max_beam_width",
+        str(build_config.max_beam_width),
+        "--max_input_len",
+        str(build_config.max_input_len),
+        "--max_seq_len",
+        str(build_config.max_seq_len),
+        "--max_prompt_embedding_table_size",
+        str(table_size),  # without it the image is silently ignored (#1300)
+        "--remove_input_padding",
+        "enable",
     ]
 
 
@@ -69,6 +82,7 @@ def run_trtllm_build(command: list[str]) -> Path:
     missing = missing_gpu_stack("tensorrt_llm", "cuda")
     if missing:
         raise GPUStackError(
-            f"building the engine needs {'; '.join(missing)}. On a GPU machine run:\n{shlex.join(command)}")
+            f"building the engine needs {'; '.join(missing)}. On a GPU machine run:\n{shlex.join(command)}"
+        )
     subprocess.run([sys.executable, "-m", BUILD_MODULE, *command[1:]], check=True)
     return engine_dir

@@ -8,7 +8,7 @@ import torch
 GPU_STACK = {
     "tensorrt": "tensorrt (pip install tensorrt, NVIDIA GPU)",
     "tensorrt_llm": "tensorrt_llm 1.2.x (its own environment: Python 3.10/3.12, CUDA 13, libopenmpi, NVIDIA GPU; "
-                    "pip install 'tensorrt_llm>=1.2,<1.3' there, then pip install --no-deps -e .)",
+    "pip install 'tensorrt_llm>=1.2,<1.3' there, then pip install --no-deps -e .)",
     "cuda": "an NVIDIA GPU visible to torch (torch.cuda.is_available() is False here)",
 }
 

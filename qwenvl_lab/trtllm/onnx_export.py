@@ -8,10 +8,10 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from ..checkpoint import load_visual_tower
 from ..modeling import QWenLMHeadModel
 from ..vision import N_QUERIES, VisionTransformer, preprocess_images
 from .vision_graph import INPUT_NAME, OPSET, OUTPUT_NAME, onnx_image_size
-from ..checkpoint import load_visual_tower
 
 
 def visual_tower_of(model_or_checkpoint) -> VisionTransformer:
@@ -45,8 +45,13 @@ def export_visual_onnx(model_or_checkpoint, onnx_path) -> Path:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # the input-shape check in forward
         torch.onnx.export(
-            tower, (pixels,), str(onnx_path), dynamo=False, opset_version=OPSET,
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            tower,
+            (pixels,),
+            str(onnx_path),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
         )  # past 2 GB (the real 448-px tower) the weights go to files beside onnx_path
     declare_output_shape(onnx_path, tower.output_dim)

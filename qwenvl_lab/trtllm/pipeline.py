@@ -33,8 +33,13 @@ STOPPED = 3  # exit status when a GPU step cannot run on this machine
 
 def default_build_config(dtype: str = "float16"):
     """The limits of TensorRT-LLM's Qwen-VL README build: 8 requests, input 2048, total 3072, one image each."""
-    return BuildConfig(max_batch_size=8, max_input_len=2048, max_seq_len=3072,
-                       max_prompt_embedding_table_size=IMG_TOKEN_SPAN * 1 * 8, dtype=dtype)
+    return BuildConfig(
+        max_batch_size=8,
+        max_input_len=2048,
+        max_seq_len=3072,
+        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * 1 * 8,
+        dtype=dtype,
+    )
 
 
 def prepare(checkpoint, workdir, build_config=None, reference=None, log=print) -> list[str]:
@@ -69,8 +74,9 @@ def pytorch_answer(checkpoint, image, question: str, max_new_tokens: int) -> str
     from ..checkpoint import load_checkpoint  # transformers 5: the course environment only
 
     tokenizer, model = load_tokenizer(checkpoint), load_checkpoint(checkpoint)
-    return chat.ask(chat.ModelAsRunner(model), None, tokenizer, [str(image)], question,
-                    max_new_tokens=max_new_tokens)[0]
+    return chat.ask(chat.ModelAsRunner(model), None, tokenizer, [str(image)], question, max_new_tokens=max_new_tokens)[
+        0
+    ]
 
 
 def answer_question(runner, visual_encoder, tokenizer, image, question: str, max_new_tokens: int = 64) -> str:
@@ -88,8 +94,9 @@ def run_gpu_steps(checkpoint, image, question: str, workdir, max_new_tokens: int
     log(f"[plan, GPU] vision tower → {plan}")
     engine_dir = run_trtllm_build(json.loads((workdir / COMMAND_FILE).read_text()))
     log(f"[build, GPU] engine → {engine_dir}")
-    answer = answer_question(TRTLLMRunner.from_dir(engine_dir), TRTVisualEncoder(plan), tokenizer, image, question,
-                             max_new_tokens)
+    answer = answer_question(
+        TRTLLMRunner.from_dir(engine_dir), TRTVisualEncoder(plan), tokenizer, image, question, max_new_tokens
+    )
     log(f"[answer, GPU]\nQ: {question}\nA: {answer}")
     if (workdir / REFERENCE_FILE).is_file():
         ref = json.loads((workdir / REFERENCE_FILE).read_text())
@@ -107,8 +114,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", required=True, help="where the ONNX file, checkpoint, command, plan and engine go")
     parser.add_argument("--stage", choices=("all", "prepare", "gpu"), default="all")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--reference", action="store_true",
-                        help="prepare stage: also save our PyTorch model's answer (slow on CPU for the full model)")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="prepare stage: also save our PyTorch model's answer (slow on CPU for the full model)",
+    )
     args = parser.parse_args(argv)
     if not Path(args.image).is_file():
         parser.error(f"image not found: {args.image!r}")

@@ -44,15 +44,22 @@ def read_engine_config(engine_dir) -> EngineConfig:
             max_seq_len=field(build, "max_seq_len", "int", config_file, fix),
             max_beam_width=build.get("max_beam_width", 1),
             max_prompt_embedding_table_size=build.get("max_prompt_embedding_table_size", 0),
-            dtype=field(pretrained, "dtype", "str", config_file, fix))
+            dtype=field(pretrained, "dtype", "str", config_file, fix),
+        )
     except ValueError as err:
         raise CheckpointError(f"{config_file}: {err}") from None
-    config = EngineConfig(vocab_size=field(pretrained, "vocab_size", "int", config_file, fix),
-                          hidden_size=field(pretrained, "hidden_size", "int", config_file, fix),
-                          tp_size=field(mapping, "tp_size", "int", config_file, fix),
-                          pp_size=mapping.get("pp_size", 1), build=build_config)
-    missing = [f"rank{r}.engine" for r in range(config.tp_size * config.pp_size)
-               if not (engine_dir / f"rank{r}.engine").is_file()]
+    config = EngineConfig(
+        vocab_size=field(pretrained, "vocab_size", "int", config_file, fix),
+        hidden_size=field(pretrained, "hidden_size", "int", config_file, fix),
+        tp_size=field(mapping, "tp_size", "int", config_file, fix),
+        pp_size=mapping.get("pp_size", 1),
+        build=build_config,
+    )
+    missing = [
+        f"rank{r}.engine"
+        for r in range(config.tp_size * config.pp_size)
+        if not (engine_dir / f"rank{r}.engine").is_file()
+    ]
     if missing:
         raise FileNotFoundError(f"{engine_dir} lacks {missing}; was trtllm-build interrupted?")
     return config
@@ -80,26 +87,63 @@ class TRTLLMRunner:
 
         return cls(config, ModelRunnerCpp.from_dir(str(engine_dir), rank=rank, **runner_kwargs))
 
-    def check_request(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
-                      num_beams: int = 1, task_vocab_size=None, end_id: int = IM_END_ID, pad_id: int = IM_END_ID):
+    def check_request(
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens: int = 64,
+        num_beams: int = 1,
+        task_vocab_size=None,
+        end_id: int = IM_END_ID,
+        pad_id: int = IM_END_ID,
+    ):
         """Check a request against the engine: (ids int32, tables [B, rows, H] or None, prompt_tasks "0,1,…" or None).
 
         Each request gets its own table (in-flight batching), cut from the table given: [rows, H] with
         task_vocab_size and prompt_tasks (run.py's session), or [tables, rows, H] with one table per task.
         """
         cfg = self.config
-        checked = check_request(cfg.build, cfg.vocab_size, cfg.hidden_size, batch_input_ids, prompt_table, prompt_tasks,
-                                task_vocab_size, max_new_tokens, num_beams, end_id, pad_id, in_flight=True)
+        checked = check_request(
+            cfg.build,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            batch_input_ids,
+            prompt_table,
+            prompt_tasks,
+            task_vocab_size,
+            max_new_tokens,
+            num_beams,
+            end_id,
+            pad_id,
+            in_flight=True,
+        )
         ids = [seq.to(torch.int32) for seq in checked.ids]  # every id checked below vocab_size + table rows
         if checked.table is None:
             return ids, None, None
         return ids, checked.own_tables(), ",".join(str(i) for i in range(len(ids)))
 
-    def generate(self, batch_input_ids, prompt_table=None, prompt_tasks=None, max_new_tokens: int = 64,
-                 end_id: int = IM_END_ID, pad_id: int = IM_END_ID, num_beams: int = 1, temperature: float = 1.0,
-                 top_k: int = 1, top_p: float = 0.0, length_penalty: float = 1.0, early_stopping=False,
-                 random_seed=None, streaming: bool = False, return_dict: bool = False, task_vocab_size=None,
-                 repetition_penalty: float = 1.0, stop_words_list=None):
+    def generate(
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens: int = 64,
+        end_id: int = IM_END_ID,
+        pad_id: int = IM_END_ID,
+        num_beams: int = 1,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float = 0.0,
+        length_penalty: float = 1.0,
+        early_stopping=False,
+        random_seed=None,
+        streaming: bool = False,
+        return_dict: bool = False,
+        task_vocab_size=None,
+        repetition_penalty: float = 1.0,
+        stop_words_list=None,
+    ):
         """Our engine's generate on the TensorRT-LLM engine: output_ids [B, beams, max input + max_new_tokens].
 
         Same arguments and outputs as engine.runner.ModelRunner.generate (rows: ids, new tokens, then pad_id;
@@ -111,19 +155,34 @@ class TRTLLMRunner:
         check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
         if early_stopping not in (True, False):
             raise ValueError(f"early_stopping must be True or False with TensorRT-LLM, got {early_stopping!r}")
-        ids, tables, tasks = self.check_request(batch_input_ids, prompt_table, prompt_tasks, max_new_tokens, num_beams,
-                                                task_vocab_size, end_id, pad_id)
+        ids, tables, tasks = self.check_request(
+            batch_input_ids, prompt_table, prompt_tasks, max_new_tokens, num_beams, task_vocab_size, end_id, pad_id
+        )
         stop_words = check_stop_words(stop_words_list, len(ids), self.config.vocab_size)
-        sampling = dict(num_beams=num_beams, temperature=temperature, top_k=top_k, top_p=top_p,
-                        length_penalty=length_penalty, early_stopping=int(early_stopping),
-                        repetition_penalty=repetition_penalty)
+        sampling = dict(
+            num_beams=num_beams,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            length_penalty=length_penalty,
+            early_stopping=int(early_stopping),
+            repetition_penalty=repetition_penalty,
+        )
         if stop_words is not None:
             sampling["stop_words_list"] = [[list(w) for w in words] for words in stop_words]
         if random_seed is not None:
             sampling["random_seed"] = random_seed
         outputs = self.session.generate(
-            ids, prompt_table=tables, prompt_tasks=tasks, max_new_tokens=max_new_tokens, end_id=end_id, pad_id=pad_id,
-            streaming=streaming, return_dict=True, output_sequence_lengths=True, **sampling,
+            ids,
+            prompt_table=tables,
+            prompt_tasks=tasks,
+            max_new_tokens=max_new_tokens,
+            end_id=end_id,
+            pad_id=pad_id,
+            streaming=streaming,
+            return_dict=True,
+            output_sequence_lengths=True,
+            **sampling,
         )
         if isinstance(outputs, list) and not outputs:  # a rank that does not enqueue requests (tp_size > 1)
             return None

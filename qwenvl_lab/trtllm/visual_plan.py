@@ -14,13 +14,12 @@ def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
     values = (min_batch, opt_batch, max_batch)
     integers = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     if not integers or not 1 <= min_batch <= opt_batch <= max_batch:
-        raise ValueError(
-            f"the batch profile needs integers 1 <= min_batch <= opt_batch <= max_batch, got {values}"
-        )
+        raise ValueError(f"the batch profile needs integers 1 <= min_batch <= opt_batch <= max_batch, got {values}")
 
 
-def build_visual_plan(onnx_path, plan_path, fp16: bool = True, min_batch: int = 1, opt_batch: int = 1,
-                      max_batch: int = 4) -> Path:
+def build_visual_plan(
+    onnx_path, plan_path, fp16: bool = True, min_batch: int = 1, opt_batch: int = 1, max_batch: int = 4
+) -> Path:
     """Build and save a TensorRT engine (`.plan`) of the exported vision tower with the `tensorrt` Python API."""
     check_batch_profile(min_batch, opt_batch, max_batch)
     size = onnx_image_size(onnx_path)
@@ -68,7 +67,8 @@ class TRTVisualEncoder:
         self.image_size = self.engine.get_tensor_shape(INPUT_NAME)[2]
         self.max_batch = self.engine.get_tensor_profile_shape(INPUT_NAME, 0)[2][0]  # (min, opt, max) shapes
         self.output_dtype = {trt.float32: torch.float32, trt.float16: torch.float16}[
-            self.engine.get_tensor_dtype(OUTPUT_NAME)]
+            self.engine.get_tensor_dtype(OUTPUT_NAME)
+        ]
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, S, S] → input_vit [B, 256, H] on the GPU, max_batch images per run."""

@@ -22,8 +22,12 @@ import torch
 
 BACKENDS = ("torch", "compiled", "triton", "numba")
 TRITON_MAX_ROWS = 16  # the Triton kernels take one tile of rows: max_batch_size × max_beam_width at most
-_MODULES = {"torch": ("torch_ops", "TorchDecode"), "compiled": ("compiled", "CompiledDecode"),
-            "triton": ("triton_step", "TritonDecode"), "numba": ("numba_step", "NumbaDecode")}
+_MODULES = {
+    "torch": ("torch_ops", "TorchDecode"),
+    "compiled": ("compiled", "CompiledDecode"),
+    "triton": ("triton_step", "TritonDecode"),
+    "numba": ("numba_step", "NumbaDecode"),
+}
 
 
 def _installed(package: str) -> bool:
@@ -36,30 +40,43 @@ def choose_backend(name: str, device, dtype: torch.dtype, rows: int) -> str:
     device = torch.device(device)
     if name == "auto":
         if device.type == "cuda":
-            return "triton" if _installed("triton") and rows <= TRITON_MAX_ROWS else "compiled" \
-                if _installed("triton") else "torch"
+            return (
+                "triton"
+                if _installed("triton") and rows <= TRITON_MAX_ROWS
+                else "compiled"
+                if _installed("triton")
+                else "torch"
+            )
         return "numba" if dtype == torch.float32 and _installed("numba") else "torch"
     if name not in BACKENDS:
-        raise ValueError(f"decode_backend must be \"auto\" or one of {BACKENDS}, got {name!r}")
+        raise ValueError(f'decode_backend must be "auto" or one of {BACKENDS}, got {name!r}')
     if name in ("triton", "compiled") and device.type == "cuda" and not _installed("triton"):
-        raise ValueError(f'decode_backend="{name}" on CUDA needs triton (CUDA builds of torch bring it); choose "torch"')
+        raise ValueError(
+            f'decode_backend="{name}" on CUDA needs triton (CUDA builds of torch bring it); choose "torch"'
+        )
     if name == "triton":
         if not _installed("triton"):
             raise ValueError('decode_backend="triton" needs triton (pip install triton, Linux); choose "auto"')
         if device.type != "cuda" and not importlib.import_module("triton").knobs.runtime.interpret:
-            raise ValueError(f'the Triton decode kernels run on an NVIDIA GPU, not on {device.type}; a CPU runs them '
-                             'only through Triton\'s interpreter (TRITON_INTERPRET=1 set before torch is imported, as '
-                             'the tests do). Choose decode_backend="auto"')
+            raise ValueError(
+                f"the Triton decode kernels run on an NVIDIA GPU, not on {device.type}; a CPU runs them "
+                "only through Triton's interpreter (TRITON_INTERPRET=1 set before torch is imported, as "
+                'the tests do). Choose decode_backend="auto"'
+            )
         if rows > TRITON_MAX_ROWS:
-            raise ValueError(f"the Triton decode kernels take at most {TRITON_MAX_ROWS} rows a step, and this engine "
-                             f"holds {rows} (max_batch_size × max_beam_width): build it smaller or choose "
-                             'decode_backend="compiled"')
+            raise ValueError(
+                f"the Triton decode kernels take at most {TRITON_MAX_ROWS} rows a step, and this engine "
+                f"holds {rows} (max_batch_size × max_beam_width): build it smaller or choose "
+                'decode_backend="compiled"'
+            )
     if name == "numba":
         if not _installed("numba"):
             raise ValueError('decode_backend="numba" needs numba (pip install numba); choose "torch"')
         if device.type != "cpu" or dtype != torch.float32:
-            raise ValueError(f"the numba decode kernel runs float32 engines on a CPU, not {dtype} on {device.type}: "
-                             'build the engine with dtype float32, or choose decode_backend="auto"')
+            raise ValueError(
+                f"the numba decode kernel runs float32 engines on a CPU, not {dtype} on {device.type}: "
+                'build the engine with dtype float32, or choose decode_backend="auto"'
+            )
     return name
 
 

@@ -12,5 +12,6 @@ class CompiledDecode(TorchDecode):
     name = "compiled"
 
     def __init__(self, engine):
-        super().__init__(engine, torch.compile(attention_input, fullgraph=True),
-                         torch.compile(mlp_output, fullgraph=True))
+        super().__init__(
+            engine, torch.compile(attention_input, fullgraph=True), torch.compile(mlp_output, fullgraph=True)
+        )

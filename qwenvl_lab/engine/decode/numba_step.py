@@ -62,8 +62,9 @@ def _attend(q, keys, values, n, out):
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
-def decode_row(x, ln_1, qkv_t, qkv_b, dense_t, ln_2, gate_fc_t, proj_t, ln_f, kv_cache, cos, sin_signed, at, kv_len,
-               eps, heads):
+def decode_row(
+    x, ln_1, qkv_t, qkv_b, dense_t, ln_2, gate_fc_t, proj_t, ln_f, kv_cache, cos, sin_signed, at, kv_len, eps, heads
+):
     """One decode step's layers for cache row 0 at position `at`, attending to its keys up to min(kv_len, at + 1);
     x [H] (the token's embedding) is the residual stream, updated in place: the final norm's output [H]."""
     layers, hidden = ln_1.shape
@@ -105,9 +106,11 @@ class RowDecoder:
 
     def __init__(self, engine):
         if engine.device.type != "cpu" or engine.dtype != torch.float32:
-            raise ValueError(f"the numba decode kernel runs float32 engines on a CPU, not {engine.dtype} on "
-                             f"{engine.device.type}: build the engine with dtype float32, or choose another "
-                             "decode_backend")
+            raise ValueError(
+                f"the numba decode kernel runs float32 engines on a CPU, not {engine.dtype} on "
+                f"{engine.device.type}: build the engine with dtype float32, or choose another "
+                "decode_backend"
+            )
         first, layers = engine.layers[0], len(engine.layers)
         stacked = {name: torch.empty(layers, *getattr(first, name).shape, dtype=engine.dtype) for name in LAYER_WEIGHTS}
         for i, layer in enumerate(engine.layers):  # one layer at a time: its own tensors are freed as it goes
@@ -124,8 +127,20 @@ class RowDecoder:
     def __call__(self, token: int, at: int, kv_len: int) -> torch.Tensor:
         """The final norm's output [1, H] for `token` at position `at` (its key and value cached in row 0)."""
         x = self.embedding[token].copy()  # [H]: the residual stream
-        return torch.from_numpy(decode_row(x, *self.layer_weights, self.ln_f, self.kv_cache, self.cos, self.sin_signed,
-                                           at, kv_len, self.eps, self.heads))[None]
+        return torch.from_numpy(
+            decode_row(
+                x,
+                *self.layer_weights,
+                self.ln_f,
+                self.kv_cache,
+                self.cos,
+                self.sin_signed,
+                at,
+                kv_len,
+                self.eps,
+                self.heads,
+            )
+        )[None]
 
 
 class NumbaDecode(TorchDecode):

@@ -23,11 +23,14 @@ class TorchDecode:
         x, rows = e.embed(ids), self.row_ids[:n]  # [n, H]
         cos, sin = e.cos[pos][:, None], e.sin[pos][:, None]  # [n, 1, hd]
         bias = torch.zeros(n, 1, 1, kv_len, dtype=e.dtype, device=e.device)
-        bias.masked_fill_(e.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # keys after each row's position
+        bias.masked_fill_(
+            e.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value
+        )  # keys after each row's position
         for layer, cache in zip(e.layers, e.kv_cache):
             q, k, v = self.attention_input(x, layer, e.eps, cos, sin, e.heads)  # [n, heads, hd] each
             cache[0, rows, :, pos], cache[1, rows, :, pos] = k, v  # row i's key and value at position pos[i]
-            out = F.scaled_dot_product_attention(q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len],
-                                                 attn_mask=bias)  # [n, heads, 1, hd]
+            out = F.scaled_dot_product_attention(
+                q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len], attn_mask=bias
+            )  # [n, heads, 1, hd]
             x = self.mlp_output(x, out.reshape(n, -1), layer, e.eps)
         return e.logits(x)  # [n, V]

@@ -23,9 +23,29 @@ def _rope(src, d, swapped, cos, sin_signed):
 
 
 @triton.jit
-def _decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, cache_ptr, part_ptr, stat_ptr, tickets_ptr, out_ptr,
-                             heads, splits, scale, stride_qkv, stride_table, stride_kv, stride_row, stride_head,
-                             stride_pos, HD: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+def _decode_attention_kernel(
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    cache_ptr,
+    part_ptr,
+    stat_ptr,
+    tickets_ptr,
+    out_ptr,
+    heads,
+    splits,
+    scale,
+    stride_qkv,
+    stride_table,
+    stride_kv,
+    stride_row,
+    stride_head,
+    stride_pos,
+    HD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
     """Program (row·heads + head, chunk): RoPE on the row's q and k (k and v go into the cache at the row's position,
     by the chunk that holds it), then a softmax over the chunk's keys ≤ that position, unnormalised: part [HD] =
     Σ exp(s − m)·v, stat = (m, Σ exp(s − m)). The head's last chunk to finish merges them into out."""
@@ -66,36 +86,77 @@ def _decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, cache_ptr, part
         maxima = tl.load(stat, mask=c_ok, other=NEG, cache_modifier=".cg")  # [SPLITS]
         total = tl.load(stat + 1, mask=c_ok, other=0.0, cache_modifier=".cg")
         weight = tl.exp(maxima - tl.max(maxima, axis=0))  # chunks without keys: exp(NEG − max) = 0
-        part = tl.load(part_ptr + (job * splits + c)[:, None] * HD + d[None, :], mask=c_ok[:, None], other=0.0,
-                       cache_modifier=".cg")
+        part = tl.load(
+            part_ptr + (job * splits + c)[:, None] * HD + d[None, :],
+            mask=c_ok[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         merged = tl.sum(weight[:, None] * part, axis=0) / tl.sum(weight * total, axis=0)
         tl.store(out_ptr + job * HD + d, merged.to(out_ptr.dtype.element_ty))
         tl.atomic_xchg(tickets_ptr + job, 0)
 
 
-def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, pos: torch.Tensor,
-                     cache: torch.Tensor, kv_len: int, tickets: torch.Tensor) -> torch.Tensor:
+def decode_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin_signed: torch.Tensor,
+    pos: torch.Tensor,
+    cache: torch.Tensor,
+    kv_len: int,
+    tickets: torch.Tensor,
+) -> torch.Tensor:
     """qkv [n, 3·heads·hd] of rows 0..n-1 at positions pos [n] (all < kv_len): RoPE on q and k, k and v written into
     the cache [2, rows, heads, S, hd] at pos, q attending to cache positions 0..pos: [n, heads·hd]. cos, sin_signed
     [S, hd] as in LanguageModelEngine; tickets: int32 counters at 0, one per (row, head), left at 0."""
     n = qkv.shape[0]
     _, rows, heads, seq, hd = cache.shape
     if qkv.shape[1] != 3 * heads * hd or n > rows or pos.shape != (n,) or not 0 < kv_len <= seq:
-        raise ValueError(f"qkv {tuple(qkv.shape)}, pos {tuple(pos.shape)} and kv_len {kv_len} do not fit the cache "
-                         f"{tuple(cache.shape)}")
-    if cos.shape != (seq, hd) or sin_signed.shape != (seq, hd) or tickets.dtype != torch.int32 or \
-            tickets.numel() < n * heads:
-        raise ValueError(f"RoPE tables {tuple(cos.shape)}, {tuple(sin_signed.shape)} must be [{seq}, {hd}] and tickets "
-                         f"int32 with at least {n * heads} counters, got {tickets.dtype} {tickets.numel()}")
+        raise ValueError(
+            f"qkv {tuple(qkv.shape)}, pos {tuple(pos.shape)} and kv_len {kv_len} do not fit the cache "
+            f"{tuple(cache.shape)}"
+        )
+    if (
+        cos.shape != (seq, hd)
+        or sin_signed.shape != (seq, hd)
+        or tickets.dtype != torch.int32
+        or tickets.numel() < n * heads
+    ):
+        raise ValueError(
+            f"RoPE tables {tuple(cos.shape)}, {tuple(sin_signed.shape)} must be [{seq}, {hd}] and tickets "
+            f"int32 with at least {n * heads} counters, got {tickets.dtype} {tickets.numel()}"
+        )
     if not all(t.is_contiguous() for t in (qkv, cos, sin_signed)) or cache.stride(-1) != 1 or hd & (hd - 1):
-        raise ValueError("decode_attention needs contiguous qkv and tables, a cache with contiguous head vectors and a "
-                         f"head size that is a power of two, got head size {hd}")
+        raise ValueError(
+            "decode_attention needs contiguous qkv and tables, a cache with contiguous head vectors and a "
+            f"head size that is a power of two, got head size {hd}"
+        )
     splits = triton.cdiv(kv_len, CHUNK)
     part = torch.empty(n, heads, splits, hd, dtype=torch.float32, device=qkv.device)
     stat = torch.empty(n, heads, splits, 2, dtype=torch.float32, device=qkv.device)
     out = torch.empty(n, heads * hd, dtype=cache.dtype, device=qkv.device)
     _decode_attention_kernel[(n * heads, splits)](
-        qkv, cos, sin_signed, pos, cache, part, stat, tickets, out, heads, splits, hd ** -0.5, qkv.stride(0),
-        cos.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), HD=hd, CHUNK=CHUNK,
-        SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=NUM_WARPS)
+        qkv,
+        cos,
+        sin_signed,
+        pos,
+        cache,
+        part,
+        stat,
+        tickets,
+        out,
+        heads,
+        splits,
+        hd**-0.5,
+        qkv.stride(0),
+        cos.stride(0),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
+        HD=hd,
+        CHUNK=CHUNK,
+        SPLITS=max(2, triton.next_power_of_2(splits)),
+        num_warps=NUM_WARPS,
+    )
     return out

@@ -14,12 +14,23 @@ import triton
 import triton.language as tl
 
 from . import TRITON_MAX_ROWS as MAX_ROWS  # one tile of rows: decode batches are at most this
+
 # tile shapes tried once per shape on a GPU (and split-K when the product is added into the residual stream);
 # the interpreter takes the first
-CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": s}, num_warps=w, num_stages=st)
-           for n, k, w, st in ((16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 3), (32, 128, 4, 4), (32, 128, 4, 5),
-                               (32, 256, 4, 4), (64, 128, 8, 4), (64, 256, 4, 4))
-           for s in (1, 2, 4)]
+CONFIGS = [
+    triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": s}, num_warps=w, num_stages=st)
+    for n, k, w, st in (
+        (16, 256, 4, 4),
+        (16, 512, 4, 3),
+        (32, 128, 4, 3),
+        (32, 128, 4, 4),
+        (32, 128, 4, 5),
+        (32, 256, 4, 4),
+        (64, 128, 8, 4),
+        (64, 256, 4, 4),
+    )
+    for s in (1, 2, 4)
+]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -28,9 +39,24 @@ def _prune(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                         BIAS: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+def _fused_linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """y[:, block] = epilogue(x @ W[block].T + b); swiglu reads rows `block` (gate) and N + block (fc);
     accumulate adds into y (float32) from SPLIT_K programs, each over its share of K."""
     pid, pid_k = tl.program_id(0), tl.program_id(1)
@@ -48,8 +74,9 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_
         w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         if EPILOGUE == "swiglu":
-            w_fc = tl.load(w_ptr + (N + rn)[:, None] * stride_wn + rk[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                           other=0.0)
+            w_fc = tl.load(
+                w_ptr + (N + rn)[:, None] * stride_wn + rk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
+            )
             acc_fc = tl.dot(x, tl.trans(w_fc), acc_fc, input_precision="ieee")
     if BIAS:
         bias = tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
@@ -63,14 +90,16 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-_tuned = triton.autotune(CONFIGS, key=["N", "K", "EPILOGUE"], prune_configs_by={"early_config_prune": _prune},
-                         restore_value=["y_ptr"])(_fused_linear_kernel)
+_tuned = triton.autotune(
+    CONFIGS, key=["N", "K", "EPILOGUE"], prune_configs_by={"early_config_prune": _prune}, restore_value=["y_ptr"]
+)(_fused_linear_kernel)
 
 
 def tuned_choices() -> list[dict]:
     """The tile shapes the autotuner chose so far: [{"key": [N, K, epilogue, dtypes…], "config": index in CONFIGS}]."""
-    return [{"key": list(key), "config": CONFIGS.index(config)} for key, config in _tuned.cache.items()
-            if config in CONFIGS]
+    return [
+        {"key": list(key), "config": CONFIGS.index(config)} for key, config in _tuned.cache.items() if config in CONFIGS
+    ]
 
 
 def use_choices(choices: list[dict]) -> int:
@@ -97,18 +126,24 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, swiglu: bool 
     if m > MAX_ROWS:
         raise ValueError(f"fused_linear takes at most {MAX_ROWS} rows, got {m}")
     if weight.shape[1] != k or (swiglu and rows % 2):
-        raise ValueError(f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
-                         + (" (swiglu needs gate and fc rows stacked: [2F, K])" if swiglu else ""))
+        raise ValueError(
+            f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
+            + (" (swiglu needs gate and fc rows stacked: [2F, K])" if swiglu else "")
+        )
     if x.dtype != weight.dtype:
         raise ValueError(f"x is {x.dtype} but the weight is {weight.dtype}: give both in the engine's dtype")
     if out is not None and (swiglu or out.shape != (m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous float32 [{m}, {n}] tensor (not with swiglu), got "
-                         f"{out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"out must be a contiguous float32 [{m}, {n}] tensor (not with swiglu), got {out.dtype} {tuple(out.shape)}"
+        )
     x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty(m, n, dtype=weight.dtype, device=x.device) if out is None else out
     args = (x, weight, bias if bias is not None else x, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
-    flags = dict(BIAS=bias is not None, BLOCK_M=MAX_ROWS,
-                 EPILOGUE="swiglu" if swiglu else "accumulate" if out is not None else "none")
+    flags = dict(
+        BIAS=bias is not None,
+        BLOCK_M=MAX_ROWS,
+        EPILOGUE="swiglu" if swiglu else "accumulate" if out is not None else "none",
+    )
     if x.is_cuda:
         _tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
     else:  # the interpreter: the first tile shape, split in two where it may be
@@ -131,9 +166,11 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, H, eps, stride_x, stride_y, BLOCK: tl.
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of the rows of x [n, H] (the float32 residual stream) in weight's dtype: [n, H]."""
     if x.dim() != 2 or weight.shape != (x.shape[1],) or x.stride(1) != 1:
-        raise ValueError(f"rms_norm needs x [n, H] with contiguous rows and weight [H], got {tuple(x.shape)}, "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"rms_norm needs x [n, H] with contiguous rows and weight [H], got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
     y = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
-    _rms_norm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], eps, x.stride(0), y.stride(0),
-                                    BLOCK=triton.next_power_of_2(x.shape[1]))
+    _rms_norm_kernel[(x.shape[0],)](
+        x, weight, y, x.shape[1], eps, x.stride(0), y.stride(0), BLOCK=triton.next_power_of_2(x.shape[1])
+    )
     return y
