@@ -741,7 +741,8 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
     if damage == "delete":
         path.unlink()
     elif damage == "truncate":
-        path.write_bytes(path.read_bytes()[: data.draw(st.integers(0, max(path.stat().st_size - 1, 0)))])
+        kept = path.stat().st_size - (2 if name.endswith(".json") else 1)  # a JSON file's last newline is not data
+        path.write_bytes(path.read_bytes()[: data.draw(st.integers(0, max(kept, 0)))])
     elif damage == "empty":
         path.write_bytes(b"")
     else:
