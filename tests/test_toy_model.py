@@ -37,7 +37,11 @@ def test_checkpoint_has_qwen_vl_chat_layout_and_real_ids():
 def test_loads_through_the_same_loader_as_a_real_checkpoint(toy_model):
     again = load_checkpoint(TOY_DIR)
     assert torch.equal(again.lm_head.weight, toy_model.lm_head.weight)
-    assert toy_model.transformer.visual.encode([IMAGES / "red_circle.png"]).shape == (1, 256, toy_model.config.hidden_size)
+    assert toy_model.transformer.visual.encode([IMAGES / "red_circle.png"]).shape == (
+        1,
+        256,
+        toy_model.config.hidden_size,
+    )
 
 
 @pytest.mark.parametrize("lang", LANGS)
@@ -83,7 +87,9 @@ def test_fake_ids_shifted_by_one_read_past_the_table_and_are_refused(toy_model, 
     ids = torch.tensor([make_prompt(tokenizer, question("what", "en"), ["red_circle.png"])[1]])
     input_vit = toy_model.transformer.visual.encode([IMAGES / "red_circle.png"])  # [1, 256, H]
     fake_ids, table, tasks, task_vocab_size = single_table_batch(ids, input_vit, toy_model.config.vocab_size)
-    shifted = torch.where(fake_ids >= toy_model.config.vocab_size, fake_ids + 1, fake_ids)  # ids 1…256 of a 256-row table
+    shifted = torch.where(
+        fake_ids >= toy_model.config.vocab_size, fake_ids + 1, fake_ids
+    )  # ids 1…256 of a 256-row table
     with pytest.raises(ValueError, match="reads row 256 of a prompt table with 256 rows"):
         toy_model(shifted, prompt_table=table, tasks=tasks, task_vocab_size=task_vocab_size)
 
@@ -102,19 +108,21 @@ def test_features_shifted_by_one_position_change_little(toy_model, tokenizer):
 def test_held_out_accuracy_with_and_without_the_table(toy_model, tokenizer):
     real = evaluate(toy_model, tokenizer, seed=21, n=48)
     zero = evaluate(toy_model, tokenizer, seed=21, n=48, zero_table=True)
-    # measured on 500 questions: 0.998 with the table, 0.26 zeroed (README); a 48-question set varies around that
+    # 500 questions: 0.998 with the table, 0.26 zeroed (docs/toy-model.md); a 48-question set varies around that
     assert real["overall"] >= 0.95 and zero["overall"] <= 0.45 and real["overall"] - zero["overall"] >= 0.5
 
 
 def test_single_picture_questions_about_fresh_pictures_are_right(toy_model, tokenizer):
-    """Descriptions, colours and counts (README: 0.984–1.000 in both languages over 500 held-out questions)."""
+    """Descriptions, colours and counts (docs/toy-model.md: 0.984–1.000 in both languages over 500 held-out questions)."""
     examples = make_dataset(22, 72, kinds=("what", "color", "count"))
     assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.97
 
 
 def test_two_picture_question_about_fresh_pictures_is_right(toy_model, tokenizer):
-    """"Which picture has …?" (README: 1.000 in both languages over 500 held-out questions; a guess gets one in two,
-    and so does the model with its table zeroed)."""
+    """The two-picture question (docs/toy-model.md: 1.000 in both languages over 500 held-out questions).
+
+    A guess gets one in two, and so does the model with its table zeroed.
+    """
     examples = make_dataset(23, 96, kinds=("which",))
     assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.9
     assert evaluate(toy_model, tokenizer, examples=examples, zero_table=True)["overall"] <= 0.7

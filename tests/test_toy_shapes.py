@@ -19,9 +19,30 @@ from qwenvl_lab.grounding import to_list_format as read_list_format
 from qwenvl_lab.tokenizing import BOX_END_ID, BOX_START_ID, ENDOFTEXT_ID, REF_END_ID, REF_START_ID, Query
 from qwenvl_lab.toy import make_samples
 from qwenvl_lab.toy.shapes import (
-    ALL_QUESTION_KINDS, COLOR_RGB, COLORS, GROUNDING_KINDS, KINDS, LANGS, QUESTION_KINDS, Example, Scene, Shape,
-    answer_matches, color_of, count, describe, grounding_score, iou, make_dataset, make_example, question,
-    random_scene, shape_name, to_list_format, where_is, which_picture,
+    ALL_QUESTION_KINDS,
+    COLOR_RGB,
+    COLORS,
+    GROUNDING_KINDS,
+    KINDS,
+    LANGS,
+    QUESTION_KINDS,
+    Example,
+    Scene,
+    Shape,
+    answer_matches,
+    color_of,
+    count,
+    describe,
+    grounding_score,
+    iou,
+    make_dataset,
+    make_example,
+    question,
+    random_scene,
+    shape_name,
+    to_list_format,
+    where_is,
+    which_picture,
 )
 
 DATA_IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -82,12 +103,20 @@ def test_dataset_is_deterministic_down_to_the_pixels():
 
 
 def test_dataset_does_not_depend_on_the_hash_seed():
-    code = ("from qwenvl_lab.toy.shapes import ALL_QUESTION_KINDS, make_dataset;"
-            "print(repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40)]),"
-            " repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40, kinds=ALL_QUESTION_KINDS)]))")
+    code = (
+        "from qwenvl_lab.toy.shapes import ALL_QUESTION_KINDS, make_dataset;"
+        "print(repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40)]),"
+        " repr([(e.question, e.answer, e.images) for e in make_dataset(3, 40, kinds=ALL_QUESTION_KINDS)]))"
+    )
     outputs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=Path(__file__).resolve().parents[1]).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            cwd=Path(__file__).resolve().parents[1],
+        ).stdout
         for seed in ("1", "2")
     }
     assert len(outputs) == 1
@@ -106,7 +135,8 @@ def test_the_default_dataset_has_no_grounding_questions_and_stays_as_it_was():
     assert "where" not in {e.kind for e in DATASET} and make_dataset(7, 48, kinds=QUESTION_KINDS) == DATASET[:48]
     # the default questions the shipped toy model is evaluated on, exactly as they are without grounding kinds
     assert hashlib.sha256(repr(DATASET).encode()).hexdigest() == (
-        "eed9d9da46ad12cbf2fce13a7303dafc6c0e925b77274c6e811c89baaa4ec9a9")
+        "eed9d9da46ad12cbf2fce13a7303dafc6c0e925b77274c6e811c89baaa4ec9a9"
+    )
     mixed = make_dataset(seed=4, n=10, kinds=ALL_QUESTION_KINDS)
     assert [e.kind for e in mixed] == ["what", "color", "count", "which", "where"] * 2
     assert mixed == make_dataset(seed=4, n=10, kinds=ALL_QUESTION_KINDS)
@@ -148,8 +178,10 @@ def test_which_questions_have_exactly_one_matching_picture():
         if e.lang == "en":
             color, kind = re.fullmatch(rf"Which picture has a {EN_ONE}\?", e.question).groups()
         else:
-            color, kind = (_to_en(w) for w in re.fullmatch(
-                r"哪张图片里有(红色|绿色|蓝色|黄色)的(圆形|正方形|三角形)？", e.question).groups())
+            color, kind = (
+                _to_en(w)
+                for w in re.fullmatch(r"哪张图片里有(红色|绿色|蓝色|黄色)的(圆形|正方形|三角形)？", e.question).groups()
+            )
         having = [i for i, scene in enumerate(e.images) if (color, kind) in _pairs(scene)]
         assert len(having) == 1
         assert e.answer == PICTURE[e.lang][having[0]]
@@ -166,7 +198,7 @@ def test_random_scenes_keep_their_shapes_apart_and_in_the_picture():
             assert 0.04 - 1e-9 <= left and right <= 0.96 + 1e-9 and 0.04 - 1e-9 <= top and bottom <= 0.96 + 1e-9
             assert right - left >= 0.2 - 1e-9 and abs((right - left) - (bottom - top)) < 1e-6
         for i, a in enumerate(scene.shapes):
-            for b in scene.shapes[i + 1:]:
+            for b in scene.shapes[i + 1 :]:
                 gap_x = max(b.box[0] - a.box[2], a.box[0] - b.box[2])
                 gap_y = max(b.box[1] - a.box[3], a.box[1] - b.box[3])
                 assert max(gap_x, gap_y) >= 0.04 - 1e-9
@@ -311,14 +343,18 @@ def test_make_samples_output_matches_the_committed_files(tmp_path):
 
 # grounding: "where" questions
 
+
 def _round_half_up(value: Fraction) -> int:
     return math.floor(value + Fraction(1, 2))
 
 
 def _asked(example):
     """(color, kind) named in a 'where' question, in English words."""
-    pattern = (r"Where is the (red|green|blue|yellow) (circle|square|triangle)\?" if example.lang == "en"
-               else r"框出图中(红色|绿色|蓝色|黄色)的(圆形|正方形|三角形)")
+    pattern = (
+        r"Where is the (red|green|blue|yellow) (circle|square|triangle)\?"
+        if example.lang == "en"
+        else r"框出图中(红色|绿色|蓝色|黄色)的(圆形|正方形|三角形)"
+    )
     return tuple(_to_en(w) for w in re.fullmatch(pattern, example.question).groups())
 
 
@@ -381,8 +417,10 @@ def test_fixed_where_answers_match_the_spec_in_both_languages():
     assert str(where_is(three, "blue", "square", "en")) == "<ref>the blue square</ref><box>(379,598),(647,866)</box>"
     assert question("where", "en", shape="circle", color="red") == "Where is the red circle?"
     assert question("where", "zh", shape="circle", color="red") == "框出图中红色的圆形"
-    assert (shape_name("green", "triangle", "en"), shape_name("green", "triangle", "zh")) == ("the green triangle",
-                                                                                           "绿色的三角形")
+    assert (shape_name("green", "triangle", "en"), shape_name("green", "triangle", "zh")) == (
+        "the green triangle",
+        "绿色的三角形",
+    )
     twins = Scene((Shape("circle", "red", (0.1, 0.1, 0.4, 0.4)), Shape("circle", "red", (0.6, 0.6, 0.9, 0.9))))
     with pytest.raises(ValueError, match="2 red circle.*exactly once"):
         where_is(twins, "red", "circle")
@@ -400,21 +438,28 @@ def test_grounding_score(tokenizer):
     assert grounding_score(str(e.answer), e) == perfect
     assert grounding_score(f" {tokenizer.decode(tokenizer.encode(e.answer))}\n", e) == perfect
     other = next(n for n in (shape_name(c, k) for c in COLORS for k in KINDS) if n != truth["ref"])
-    assert grounding_score(str(box_answer(other, (x1, y1, x2, y2))), e) == {"well_formed": True, "right_shape": False,
-                                                                           "iou": 1.0}
+    assert grounding_score(str(box_answer(other, (x1, y1, x2, y2))), e) == {
+        "well_formed": True,
+        "right_shape": False,
+        "iou": 1.0,
+    }
     d = (x2 - x1) // 4
     shifted = grounding_score(str(box_answer(truth["ref"], (x1 + d, y1, x2 + d, y2))), e)
     w, h = x2 - x1, y2 - y1
     assert shifted["right_shape"] and shifted["iou"] == pytest.approx((w - d) * h / (2 * w * h - (w - d) * h))
     assert shifted["iou"] == pytest.approx(iou((x1 + d, y1, x2 + d, y2), (x1, y1, x2, y2))) and 0.5 < shifted["iou"] < 1
     box_text = f"({x1},{y1}),({x2},{y2})"
-    for bad in (tokenizer.decode(tokenizer.encode(e.answer), skip_special_tokens=True),  # the tags dropped
-                f"<ref>{truth['ref']}</ref>", f"<box>{box_text}</box>",
-                f"It is <ref>{truth['ref']}</ref><box>{box_text}</box>",
-                f"<ref>{truth['ref']}</ref><box>{box_text}</box><box>{box_text}</box>",
-                f"<ref>{truth['ref']}</ref><box>({x2},{y1}),({x1},{y2})</box>",
-                f"<ref>{truth['ref']}<box>{box_text}</box>",
-                f"<ref>{truth['ref']}</ref><box>({x1},{y1}),({x2},1200)</box>", ""):
+    for bad in (
+        tokenizer.decode(tokenizer.encode(e.answer), skip_special_tokens=True),  # the tags dropped
+        f"<ref>{truth['ref']}</ref>",
+        f"<box>{box_text}</box>",
+        f"It is <ref>{truth['ref']}</ref><box>{box_text}</box>",
+        f"<ref>{truth['ref']}</ref><box>{box_text}</box><box>{box_text}</box>",
+        f"<ref>{truth['ref']}</ref><box>({x2},{y1}),({x1},{y2})</box>",
+        f"<ref>{truth['ref']}<box>{box_text}</box>",
+        f"<ref>{truth['ref']}</ref><box>({x1},{y1}),({x2},1200)</box>",
+        "",
+    ):
         assert grounding_score(bad, e) == {"well_formed": False, "right_shape": False, "iou": 0.0}, bad
     zh = next(e for e in WHERE if e.lang == "zh")
     assert grounding_score(str(zh.answer), zh) == perfect

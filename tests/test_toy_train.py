@@ -72,7 +72,9 @@ def test_make_batch_targets_are_the_answers_of_every_turn(tokenizer):
     _, turns = conversations[2]
     starts = (target_mask[2] & ~target_mask[2].roll(1)).nonzero()[:, 0]  # the first position of each answer
     assert [int(asked[2, c]) for c in starts.tolist()] == [toy_train.WHICH_ASKED[q] for q, _ in turns]
-    assert toy_train.WHICH_ASKED["哪张图片里有蓝色的正方形？"] == COLORS.index("blue") * len(KINDS) + KINDS.index("square")
+    assert toy_train.WHICH_ASKED["哪张图片里有蓝色的正方形？"] == COLORS.index("blue") * len(KINDS) + KINDS.index(
+        "square"
+    )
 
 
 def test_conversations_ask_what_the_templates_allow(tokenizer):
@@ -81,13 +83,17 @@ def test_conversations_ask_what_the_templates_allow(tokenizer):
         scenes, turns = toy_train.make_conversation(rng, 1)
         assert 2 <= len(turns) <= 3 and len({q for q, _ in turns}) == len(turns)
         scenes, turns = toy_train.make_conversation(rng, 2)
-        assert len(scenes) == 2 and all(a in {"Picture 1.", "Picture 2.", "第一张图片。", "第二张图片。"} for _, a in turns)
+        assert len(scenes) == 2 and all(
+            a in {"Picture 1.", "Picture 2.", "第一张图片。", "第二张图片。"} for _, a in turns
+        )
 
 
 def test_a_conversation_extends_the_single_question_prompt(tokenizer):
     example = make_dataset(2, 1)[0]
     context, answer = toy_train.encode_example(tokenizer, example)
-    ids, spans = toy_train.encode_conversation(tokenizer, 1, [(example.question, example.answer), ("How many shapes are there?", "Two.")])
+    ids, spans = toy_train.encode_conversation(
+        tokenizer, 1, [(example.question, example.answer), ("How many shapes are there?", "Two.")]
+    )
     assert ids[: len(context) + len(answer)] == context + answer
     assert tokenizer.decode(ids[spans[1][0] : spans[1][1]]) == "Two.<|im_end|>"
 
@@ -95,8 +101,9 @@ def test_a_conversation_extends_the_single_question_prompt(tokenizer):
 @pytest.mark.slow
 def test_training_is_deterministic(tmp_path):
     for run in ("a", "b"):
-        toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path / run, eval_every=0, vision_steps=2,
-                        sharpen_steps=2)
+        toy_train.train(
+            steps=2, batch_size=2, seed=7, output_dir=tmp_path / run, eval_every=0, vision_steps=2, sharpen_steps=2
+        )
     first, second = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert first["lm_head.weight"].dtype == torch.bfloat16  # stored like Qwen-VL-Chat
@@ -107,8 +114,9 @@ def test_training_is_deterministic(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
 def test_training_on_cuda_runs_its_held_out_checks_there(tmp_path, capsys):
     """`--device cuda`: the model trains on the GPU and the held-out check it prints every eval_every steps runs there."""
-    model = toy_train.train(steps=2, batch_size=2, seed=7, output_dir=tmp_path, eval_every=2, vision_steps=2,
-                            sharpen_steps=2, device="cuda")
+    model = toy_train.train(
+        steps=2, batch_size=2, seed=7, output_dir=tmp_path, eval_every=2, vision_steps=2, sharpen_steps=2, device="cuda"
+    )
     assert "stage 2: the whole model, step 2: loss" in capsys.readouterr().out
     assert (tmp_path / "model.safetensors").exists() and model.device.type == "cpu"  # saved and returned on the CPU
 
@@ -128,7 +136,9 @@ def test_patch_labels_mark_each_shape_and_its_rank():
     assert shape.shape == rank.shape == (256,)
     grid = lambda x, y: int(y * 16) * 16 + int(x * 16)  # noqa: E731 - patch index of a point
     assert shape[grid(0.25, 0.7)] == 1 + COLORS.index("red") * 3 + KINDS.index("circle") and rank[grid(0.25, 0.7)] == 1
-    assert shape[grid(0.75, 0.3)] == 1 + COLORS.index("green") * 3 + KINDS.index("triangle") and rank[grid(0.75, 0.3)] == 2
+    assert (
+        shape[grid(0.75, 0.3)] == 1 + COLORS.index("green") * 3 + KINDS.index("triangle") and rank[grid(0.75, 0.3)] == 2
+    )
     assert shape[grid(0.02, 0.02)] == 0 and rank[grid(0.02, 0.02)] == 0
     assert set(rank.tolist()) == {0, 1, 2}
 
@@ -142,8 +152,10 @@ def test_patch_probe_adds_the_loss_over_the_queries_on_a_shape():
     input_vit = torch.randn(2, 256, 16)
     shape, rank = (torch.cat(t) for t in zip(*map(toy_train.patch_labels, scenes)))
     rows, on = input_vit.reshape(-1, 16), shape > 0
-    expected = sum(F.cross_entropy(head(rows), labels) + F.cross_entropy(head(rows)[on], labels[on])
-                   for head, labels in ((probe.shape, shape), (probe.rank, rank)))
+    expected = sum(
+        F.cross_entropy(head(rows), labels) + F.cross_entropy(head(rows)[on], labels[on])
+        for head, labels in ((probe.shape, shape), (probe.rank, rank))
+    )
     assert 0 < on.sum() < len(on)
     assert torch.allclose(probe.loss(input_vit, scenes), expected)
 

@@ -18,8 +18,15 @@ def ask(model, tokenizer, pictures, questions, zero_table=False, max_new_tokens=
     if zero_table:
         count = sum(len(p) for p in pictures)
         input_vit = torch.zeros(count, IMG_TOKEN_SPAN, model.config.hidden_size)  # [N, 256, H]
-    return ask_batch(ModelAsRunner(model), vision, tokenizer, list(zip(pictures, questions)), history,
-                     input_vit=input_vit, max_new_tokens=max_new_tokens)
+    return ask_batch(
+        ModelAsRunner(model),
+        vision,
+        tokenizer,
+        list(zip(pictures, questions)),
+        history,
+        input_vit=input_vit,
+        max_new_tokens=max_new_tokens,
+    )
 
 
 def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=32, examples=None) -> dict:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
-from ..grounding import box_answer, iou, to_grid, to_list_format as read_list_format
+from ..grounding import box_answer, iou, to_grid
+from ..grounding import to_list_format as read_list_format
 from ..tokenizing import Query
 
 COLORS = ("red", "green", "blue", "yellow")
@@ -42,12 +43,22 @@ _MAX_DRAWS = 1000
 
 _WORDS = {
     "en": {
-        "red": "red", "green": "green", "blue": "blue", "yellow": "yellow",
-        "circle": "circle", "square": "square", "triangle": "triangle",
+        "red": "red",
+        "green": "green",
+        "blue": "blue",
+        "yellow": "yellow",
+        "circle": "circle",
+        "square": "square",
+        "triangle": "triangle",
     },
     "zh": {
-        "red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色",
-        "circle": "圆形", "square": "正方形", "triangle": "三角形",
+        "red": "红色",
+        "green": "绿色",
+        "blue": "蓝色",
+        "yellow": "黄色",
+        "circle": "圆形",
+        "square": "正方形",
+        "triangle": "三角形",
     },
 }
 _COUNTS = {"en": ("One.", "Two.", "Three."), "zh": ("一个。", "两个。", "三个。")}
@@ -84,8 +95,11 @@ def _check_size(size):
 
 def _check_rgb(rgb, what):
     """Raise unless `rgb` is three ints in 0…255."""
-    if (not isinstance(rgb, tuple) or len(rgb) != 3
-            or not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in rgb)):
+    if (
+        not isinstance(rgb, tuple)
+        or len(rgb) != 3
+        or not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in rgb)
+    ):
         raise ValueError(f"{what} must be a tuple of three ints in 0..255, got {rgb!r}")
 
 
@@ -160,7 +174,7 @@ class Scene:
             raise TypeError("Scene.shapes must contain Shape objects")
         _check_rgb(self.background, "background")
         for i, a in enumerate(shapes):
-            for b in shapes[i + 1:]:
+            for b in shapes[i + 1 :]:
                 if not _separated(a, b):
                     raise ValueError(
                         f"shapes {a.box} and {b.box} are too close: boxes need a gap of {MIN_GAP} "
@@ -314,8 +328,9 @@ def where_is(scene: Scene, color: str, kind: str, lang: str = "en", size: int = 
     name = shape_name(color, kind, lang)
     matches = [s for s in scene.shapes if (s.color, s.kind) == (color, kind)]
     if len(matches) != 1:
-        raise ValueError(f"the picture has {len(matches)} {color} {kind}(s); a 'where' question needs one that "
-                         "appears exactly once")
+        raise ValueError(
+            f"the picture has {len(matches)} {color} {kind}(s); a 'where' question needs one that appears exactly once"
+        )
     return box_answer(name, matches[0].grid_box(size))
 
 
@@ -371,6 +386,7 @@ def make_example(rng: random.Random, kind: str, lang: str) -> Example:
         scene = random_scene(rng)
         return Example([scene], question("count", lang), count(scene, lang), kind, lang)
     if kind == "color":
+
         def unique_kind_scene():
             scene = random_scene(rng)
             once = [k for k in KINDS if sum(s.kind == k for s in scene.shapes) == 1]
@@ -380,6 +396,7 @@ def make_example(rng: random.Random, kind: str, lang: str) -> Example:
         shape = rng.choice(once)
         return Example([scene], question("color", lang, shape=shape), color_of(scene, shape, lang), kind, lang)
     if kind == "where":
+
         def unique_shape_scene():
             scene = random_scene(rng)
             pairs = [(s.color, s.kind) for s in scene.shapes]
@@ -446,8 +463,9 @@ def grounding_score(pred: str, example: Example) -> dict:
     if not isinstance(example, Example) or example.kind != "where":
         raise ValueError("grounding_score scores 'where' examples (make_example(rng, 'where', lang))")
     if not isinstance(pred, str):
-        raise TypeError(f"pred must be the answer text with its tags (tokenizer.decode(ids)), "
-                        f"got {type(pred).__name__}")
+        raise TypeError(
+            f"pred must be the answer text with its tags (tokenizer.decode(ids)), got {type(pred).__name__}"
+        )
     [truth] = read_list_format(example.answer)
     try:
         elements = read_list_format(pred.strip())
@@ -457,5 +475,8 @@ def grounding_score(pred: str, example: Example) -> dict:
     x1, y1, x2, y2 = elements[0]["box"][0] if one else (0, 0, 0, 0)
     if not one or x2 < x1 or y2 < y1:
         return {"well_formed": False, "right_shape": False, "iou": 0.0}
-    return {"well_formed": True, "right_shape": elements[0]["ref"] == truth["ref"],
-            "iou": iou((x1, y1, x2, y2), truth["box"][0])}
+    return {
+        "well_formed": True,
+        "right_shape": elements[0]["ref"] == truth["ref"],
+        "iou": iou((x1, y1, x2, y2), truth["box"][0]),
+    }

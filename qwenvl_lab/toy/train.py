@@ -43,8 +43,22 @@ from ..tokenizing import ENDOFTEXT_ID, IM_END_ID, IMAGE_END_ID, IMAGE_START_ID, 
 from ..vision import N_QUERIES, preprocess_images
 from . import TOY_CONFIG, TOY_DIR
 from .evaluate import evaluate
-from .shapes import (COLORS, KINDS, LANGS, MAX_SHAPES, PICTURE_SIZE, Scene, Shape, color_of, count, describe, make_example,
-                     question, random_scene, which_picture)
+from .shapes import (
+    COLORS,
+    KINDS,
+    LANGS,
+    MAX_SHAPES,
+    PICTURE_SIZE,
+    Scene,
+    Shape,
+    color_of,
+    count,
+    describe,
+    make_example,
+    question,
+    random_scene,
+    which_picture,
+)
 
 STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800  # the shipped model's run
 
@@ -54,8 +68,9 @@ def pair_class(color: str, kind: str) -> int:
     return COLORS.index(color) * len(KINDS) + KINDS.index(kind)
 
 
-WHICH_ASKED = {question("which", lang, shape=k, color=c): pair_class(c, k)
-               for lang in LANGS for c in COLORS for k in KINDS}  # "Which picture has a <c> <k>?" → the pair asked
+WHICH_ASKED = {
+    question("which", lang, shape=k, color=c): pair_class(c, k) for lang in LANGS for c in COLORS for k in KINDS
+}  # "Which picture has a <c> <k>?" → the pair asked
 
 
 def encode_chat(tokenizer, n_images: int, text: str) -> list[int]:
@@ -66,7 +81,9 @@ def encode_chat(tokenizer, n_images: int, text: str) -> list[int]:
 
 def encode_conversation(tokenizer, n_images: int, turns) -> tuple[list[int], list[tuple[int, int]]]:
     """Ids of a multi-turn chat about the pictures, and where each answer (with its <|im_end|>) sits."""
-    query = tokenizer.from_list_format([{"image": SPAN_NAME.format(k=k + 1)} for k in range(n_images)] + [{"text": turns[0][0]}])
+    query = tokenizer.from_list_format(
+        [{"image": SPAN_NAME.format(k=k + 1)} for k in range(n_images)] + [{"text": turns[0][0]}]
+    )
     ids, spans, history = [], [], []
     for k, (text, answer) in enumerate(turns):
         turn_query = query if k == 0 else text
@@ -189,12 +206,21 @@ def render_pixels(scenes) -> torch.Tensor:
 def patch_labels(scene: Scene) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image query, raster order [256]: the shape under its grid cell (0 background, else 1 + colour·3 + kind), its rank."""
     order = scene.left_to_right()
-    codes = Scene(tuple(Shape(s.kind, s.color, s.box, (1 + pair_class(s.color, s.kind), 1 + order.index(s), 0))
-                        for s in scene.shapes), background=(0, 0, 0))
+    codes = Scene(
+        tuple(
+            Shape(s.kind, s.color, s.box, (1 + pair_class(s.color, s.kind), 1 + order.index(s), 0))
+            for s in scene.shapes
+        ),
+        background=(0, 0, 0),
+    )
     grid = math.isqrt(N_QUERIES)
     step = PICTURE_SIZE // grid
-    centres = np.asarray(codes.render(PICTURE_SIZE))[step // 2 :: step, step // 2 :: step][:grid, :grid]  # [grid, grid, 3]
-    return torch.from_numpy(centres[..., 0].reshape(-1).astype(np.int64)), torch.from_numpy(centres[..., 1].reshape(-1).astype(np.int64))
+    centres = np.asarray(codes.render(PICTURE_SIZE))[step // 2 :: step, step // 2 :: step][
+        :grid, :grid
+    ]  # [grid, grid, 3]
+    return torch.from_numpy(centres[..., 0].reshape(-1).astype(np.int64)), torch.from_numpy(
+        centres[..., 1].reshape(-1).astype(np.int64)
+    )
 
 
 class PatchProbe(torch.nn.Module):
@@ -207,7 +233,9 @@ class PatchProbe(torch.nn.Module):
 
     def loss(self, input_vit, scenes) -> torch.Tensor:
         """Cross-entropy of both probes over every query, plus over the queries on a shape alone (most are background)."""
-        shape, rank = (torch.stack(t).reshape(-1).to(input_vit.device) for t in zip(*map(patch_labels, scenes)))  # [N*256]
+        shape, rank = (
+            torch.stack(t).reshape(-1).to(input_vit.device) for t in zip(*map(patch_labels, scenes))
+        )  # [N*256]
         rows = input_vit.reshape(-1, input_vit.shape[-1]).float()  # [N*256, H]
         on_shape = shape > 0
         total = rows.new_zeros(())
@@ -231,7 +259,9 @@ class PictureProbe(torch.nn.Module):
         self.count = torch.nn.Linear(hidden, MAX_SHAPES)
         self.asked = torch.nn.Linear(hidden, len(COLORS) * len(KINDS))
         self.hidden = None
-        self.hook = model.transformer.h[layer - 1].register_forward_hook(lambda m, args, out: setattr(self, "hidden", out))
+        self.hook = model.transformer.h[layer - 1].register_forward_hook(
+            lambda m, args, out: setattr(self, "hidden", out)
+        )
 
     def loss(self, fake_ids, vocab_size: int, scenes, asked) -> torch.Tensor:
         """Picture-index and asked-pair cross-entropies (prompts of two pictures) + inventory and count losses, from the
@@ -243,7 +273,9 @@ class PictureProbe(torch.nn.Module):
             for s in scene.shapes:
                 held[i, pair_class(s.color, s.kind)] = 1.0
         shapes = torch.tensor([len(scene.shapes) - 1 for scene in scenes], device=summary.device)
-        total = F.binary_cross_entropy_with_logits(self.inventory(summary), held) + F.cross_entropy(self.count(summary), shapes)
+        total = F.binary_cross_entropy_with_logits(self.inventory(summary), held) + F.cross_entropy(
+            self.count(summary), shapes
+        )
         if len(scenes) > fake_ids.shape[0]:  # two pictures per prompt
             tagged = (fake_ids >= vocab_size) | ends  # [B, L]
             index = (fake_ids == IMAGE_START_ID).cumsum(dim=1) - 1  # [B, L]: the picture each token follows
@@ -270,10 +302,14 @@ class CompactVocab(torch.nn.Module):
     def embed(self, ids, prompt_table, tasks, task_vocab_size, vocab_size):
         """The real prompt-table lookup, over the compact vocabulary."""
         fake = ids >= vocab_size
-        compact = torch.where(fake, ids - vocab_size + len(self.input_ids_used), self.remap[ids.clamp(max=vocab_size - 1)])
+        compact = torch.where(
+            fake, ids - vocab_size + len(self.input_ids_used), self.remap[ids.clamp(max=vocab_size - 1)]
+        )
         if (compact < 0).any():
             raise ValueError("a training sequence holds a token outside the compact vocabulary")
-        return prompt_tuning_embedding(compact, self.wte, prompt_table, tasks, task_vocab_size, len(self.input_ids_used))
+        return prompt_tuning_embedding(
+            compact, self.wte, prompt_table, tasks, task_vocab_size, len(self.input_ids_used)
+        )
 
     def loss(self, hidden, targets):
         """Full-vocabulary cross-entropy: trained rows + the zero rows as one column of logit log(count)."""
@@ -293,8 +329,11 @@ class CompactVocab(torch.nn.Module):
 
 def optimizer(params, lr: float, steps: int, no_decay=()):
     """AdamW with a one-cycle schedule (5 % warm-up); `no_decay` parameters (embedding rows) are not decayed."""
-    opt = torch.optim.AdamW([{"params": params, "weight_decay": 0.01}, {"params": list(no_decay), "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": params, "weight_decay": 0.01}, {"params": list(no_decay), "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+    )
     return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
 
 
@@ -314,8 +353,19 @@ def pretrain_vision(model, probe, rng, steps: int, batch_size: int, lr: float, d
         sched.step()
 
 
-def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_every=EVAL_EVERY,
-          vision_steps=VISION_STEPS, device="cpu", picture_probe=1.0, probe_layer=2, sharpen_steps=SHARPEN_STEPS):
+def train(
+    steps=STEPS,
+    batch_size=16,
+    lr=1e-3,
+    seed=0,
+    output_dir=TOY_DIR,
+    eval_every=EVAL_EVERY,
+    vision_steps=VISION_STEPS,
+    device="cpu",
+    picture_probe=1.0,
+    probe_layer=2,
+    sharpen_steps=SHARPEN_STEPS,
+):
     """Train the toy model and save it in Qwen-VL-Chat's layout; returns the model."""
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -338,7 +388,9 @@ def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_
         for step in bar:
             pictures = 2 if step % two_pictures_every == two_pictures_every - 1 else 1  # batches of similar lengths
             conversations = [make_conversation(rng, pictures) for _ in range(batch_size)]
-            ids, mask, target_mask, targets, pixels, asked = (t.to(device) for t in make_batch(tokenizer, conversations))
+            ids, mask, target_mask, targets, pixels, asked = (
+                t.to(device) for t in make_batch(tokenizer, conversations)
+            )
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 input_vit = model.transformer.visual(pixels)  # [N, 256, H]
                 fake_ids, prompt_table, tasks, task_vocab_size = single_table_batch(ids, input_vit.float(), vocab_size)
@@ -346,8 +398,9 @@ def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_
                 hidden, _ = model.transformer(inputs_embeds=embeds, attention_mask=mask)
                 loss = vocab.loss(hidden[target_mask], targets)
                 drawn = [scene for scenes, _ in conversations for scene in scenes]  # in the order of the image spans
-                aux = (probe.loss(input_vit, drawn)
-                       + picture_probe * pictures_probe.loss(fake_ids, vocab_size, drawn, asked))
+                aux = probe.loss(input_vit, drawn) + picture_probe * pictures_probe.loss(
+                    fake_ids, vocab_size, drawn, asked
+                )
             opt.zero_grad(set_to_none=True)
             (loss + aux).backward()
             torch.nn.utils.clip_grad_norm_([*body, *vocab.parameters()], 1.0)
@@ -357,8 +410,10 @@ def train(steps=STEPS, batch_size=16, lr=1e-3, seed=0, output_dir=TOY_DIR, eval_
             if eval_every and ((step + 1) % eval_every == 0 or step + 1 == n_steps):
                 vocab.write_back(model)
                 model.eval()
-                print(f"{stage}, step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
-                      f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}")
+                print(
+                    f"{stage}, step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
+                    f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}"
+                )
                 model.train()
 
     run("stage 2: the whole model", steps, lr, 3)
@@ -380,16 +435,31 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=TOY_DIR)
-    parser.add_argument("--eval-every", type=int, default=EVAL_EVERY,
-                        help="print a small held-out accuracy every N steps (0: never)")
+    parser.add_argument(
+        "--eval-every", type=int, default=EVAL_EVERY, help="print a small held-out accuracy every N steps (0: never)"
+    )
     parser.add_argument("--vision-steps", type=int, default=VISION_STEPS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--picture-probe", type=float, default=1.0, help="weight of the layer-2 picture probe")
-    parser.add_argument("--sharpen-steps", type=int, default=SHARPEN_STEPS,
-                        help="stage 3: N more steps at 0.3 × the learning rate, every second one with two pictures")
+    parser.add_argument(
+        "--sharpen-steps",
+        type=int,
+        default=SHARPEN_STEPS,
+        help="stage 3: N more steps at 0.3 × the learning rate, every second one with two pictures",
+    )
     args = parser.parse_args(argv)
-    train(args.steps, args.batch_size, args.lr, args.seed, args.out, args.eval_every, args.vision_steps, args.device,
-          args.picture_probe, sharpen_steps=args.sharpen_steps)
+    train(
+        args.steps,
+        args.batch_size,
+        args.lr,
+        args.seed,
+        args.out,
+        args.eval_every,
+        args.vision_steps,
+        args.device,
+        args.picture_probe,
+        sharpen_steps=args.sharpen_steps,
+    )
     print(f"saved to {args.out}")
 
 
