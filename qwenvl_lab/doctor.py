@@ -16,7 +16,7 @@ from . import resources
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 PYTHON_RANGE = ((3, 10), (3, 13))  # the versions the course is tested on
-TORCH_MIN = (2, 9)  # pyproject.toml: torch>=2.9
+TORCH_MIN = (2, 11)  # pyproject.toml: torch>=2.11
 COURSE_DISK_GIB = 1.0  # the notebooks' engines and checkpoints in the output folder take about 0.7 GB
 SPARE_DISK_GIB = 3.0
 SPARE_MEMORY_GIB = 2.0
