@@ -1,4 +1,4 @@
-"""Step 7 — checkpoints: load a directory in Qwen-VL-Chat's layout, checking every key, and make tiny ones."""
+"""Notebook 00 — checkpoints: load a directory in Qwen-VL-Chat's layout, checking every key, and make tiny ones."""
 
 import json
 import pickle

@@ -1,4 +1,4 @@
-"""Step 3 — fake prompt ids: ids past the vocabulary that point into the prompt table."""
+"""Notebook 03 — fake prompt ids: ids past the vocabulary that point into the prompt table."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Step 2 — locating `img_pos`: where each image span starts and ends in a batch of ids."""
+"""Notebook 02 — locating `img_pos`: where each image span starts and ends in a batch of ids."""
 
 import numbers
 

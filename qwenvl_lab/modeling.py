@@ -1,6 +1,6 @@
-"""Step 6a — the language model: QWen (Qwen-VL-Chat's LM) as a transformers model, with both image paths.
+"""Notebook 04 — the language model: QWen (Qwen-VL-Chat's LM) as a transformers model, with both image paths.
 
-Architecture from Qwen-VL's published modeling_qwen.py (see ../shared/reference/qwen-vl.md): RMSNorm,
+Architecture from Qwen-VL's published modeling_qwen.py: RMSNorm,
 fused qkv with bias, NeoX RoPE, SwiGLU MLP with w2 as the gate, untied lm_head. Images enter either
 the original way (decode the path from the span, run the vision tower, overwrite `hidden[i][a+1:b]`)
 or TensorRT-LLM's way (fake ids ≥ vocab_size looked up in a runtime `prompt_table`).

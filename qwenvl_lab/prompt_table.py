@@ -1,4 +1,4 @@
-"""Step 4 — the prompt table: `ptuning_setup` and TensorRT-LLM's `PromptTuningEmbedding` lookup."""
+"""Notebook 04 — the prompt table: `ptuning_setup` and TensorRT-LLM's `PromptTuningEmbedding` lookup."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Step 1 — tokenizing: the Qwen-VL tokenizer on tiktoken, image spans and the chatml context."""
+"""Notebook 01 — tokenizing: the Qwen-VL tokenizer on tiktoken, image spans and the chatml context."""
 
 import base64
 import hashlib

@@ -1,4 +1,4 @@
-"""Step 4a — the vision tower: Qwen-VL's ViT + resampler turning pictures into `input_vit` [N, 256, H].
+"""Notebook 04 — the vision tower: Qwen-VL's ViT + resampler turning pictures into `input_vit` [N, 256, H].
 
 Pictures are read as Qwen-VL reads them: a JPEG's EXIF orientation tag is ignored by default (the picture is
 taken as stored, like Qwen-VL's own preprocessing); `exif_transpose=True` turns it upright first.
