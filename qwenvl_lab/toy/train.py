@@ -215,12 +215,9 @@ def patch_labels(scene: Scene) -> tuple[torch.Tensor, torch.Tensor]:
     )
     grid = math.isqrt(N_QUERIES)
     step = PICTURE_SIZE // grid
-    centres = np.asarray(codes.render(PICTURE_SIZE))[step // 2 :: step, step // 2 :: step][
-        :grid, :grid
-    ]  # [grid, grid, 3]
-    return torch.from_numpy(centres[..., 0].reshape(-1).astype(np.int64)), torch.from_numpy(
-        centres[..., 1].reshape(-1).astype(np.int64)
-    )
+    pixels = np.asarray(codes.render(PICTURE_SIZE))  # [S, S, 3]
+    centres = pixels[step // 2 :: step, step // 2 :: step][:grid, :grid].astype(np.int64)  # [grid, grid, 3]
+    return torch.from_numpy(centres[..., 0].reshape(-1)), torch.from_numpy(centres[..., 1].reshape(-1))
 
 
 class PatchProbe(torch.nn.Module):
@@ -233,9 +230,8 @@ class PatchProbe(torch.nn.Module):
 
     def loss(self, input_vit, scenes) -> torch.Tensor:
         """Cross-entropy of both probes over every query, plus over the queries on a shape alone (most are background)."""
-        shape, rank = (
-            torch.stack(t).reshape(-1).to(input_vit.device) for t in zip(*map(patch_labels, scenes))
-        )  # [N*256]
+        labels = zip(*map(patch_labels, scenes))
+        shape, rank = (torch.stack(t).reshape(-1).to(input_vit.device) for t in labels)  # [N*256] each
         rows = input_vit.reshape(-1, input_vit.shape[-1]).float()  # [N*256, H]
         on_shape = shape > 0
         total = rows.new_zeros(())
