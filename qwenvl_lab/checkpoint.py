@@ -1,8 +1,10 @@
 """Notebook 00 — checkpoints: load a directory in Qwen-VL-Chat's layout, checking every key, and make tiny ones."""
 
 import json
+import os
 import pickle
 import shutil
+import tempfile
 from pathlib import Path, PurePosixPath
 
 import torch
@@ -208,27 +210,74 @@ def load_checkpoint(checkpoint_dir, dtype=None, device="cpu") -> QWenLMHeadModel
     return model.to(device).eval()
 
 
-def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB") -> Path:
-    """Write config.json, generation_config.json and sharded safetensors with Qwen-VL's key names."""
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+
+
+def check_checkpoint_target(output_dir, overwrite: bool = False) -> None:
+    """Refuse a folder that save_checkpoint must not write: a file, one holding anything but a checkpoint, or (without
+    overwrite) any folder that is not empty."""
     output_dir = Path(output_dir)
-    model.save_pretrained(output_dir, max_shard_size=max_shard_size)
-    (output_dir / "generation_config.json").write_text(
-        json.dumps(
-            dict(
-                chat_format="chatml",
-                eos_token_id=151643,
-                pad_token_id=151643,
-                max_window_size=6144,
-                max_new_tokens=512,
-                do_sample=True,
-                top_k=0,
-                top_p=0.3,
-            ),
-            indent=2,
+    if output_dir.exists() and not output_dir.is_dir():
+        raise FileExistsError(f"{output_dir} is a file, not a folder: name a new folder for the checkpoint")
+    held = sorted(output_dir.iterdir()) if output_dir.is_dir() else []
+    if not held:
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"{output_dir} is not empty: name a new folder, or pass overwrite=True (--overwrite) to replace the "
+            "checkpoint there"
         )
-        + "\n"
-    )
+    others = [p.name for p in held if not (p.is_file() and any(p.match(pattern) for pattern in CHECKPOINT_FILES))]
+    if others or not (output_dir / "config.json").is_file():
+        what = f"{', '.join(others[:3])}{' …' if len(others) > 3 else ''}" if others else "no config.json"
+        raise FileExistsError(
+            f"{output_dir} holds more than a checkpoint ({what}) and is not replaced: name a new folder"
+        )
+
+
+def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB", overwrite: bool = False) -> Path:
+    """Write config.json, generation_config.json and sharded safetensors with Qwen-VL's key names into a new or
+    empty folder (overwrite: replace the checkpoint there), atomically: written beside it, then renamed into place."""
+    output_dir = Path(output_dir)
+    check_checkpoint_target(output_dir, overwrite)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".tmp", dir=output_dir.parent))
+    try:
+        model.save_pretrained(staging, max_shard_size=max_shard_size)
+        (staging / "generation_config.json").write_text(
+            json.dumps(
+                dict(
+                    chat_format="chatml",
+                    eos_token_id=151643,
+                    pad_token_id=151643,
+                    max_window_size=6144,
+                    max_new_tokens=512,
+                    do_sample=True,
+                    top_k=0,
+                    top_p=0.3,
+                ),
+                indent=2,
+            )
+            + "\n"
+        )
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700
+        if output_dir.is_dir():
+            replaced = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".replaced", dir=output_dir.parent))
+            output_dir.rename(replaced / "old")
+            staging.rename(output_dir)
+            shutil.rmtree(replaced)
+        else:
+            staging.rename(output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when the checkpoint is in place
     return output_dir
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
 
 
 def make_tiny_checkpoint(output_dir, seed: int = 0, with_vocab: bool = True) -> Path:

@@ -8,10 +8,10 @@ import torch
 from ..chat import ModelAsRunner, ask_batch
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from . import load_toy_model
-from .shapes import LANGS, QUESTION_KINDS, answer_matches, make_dataset
+from .shapes import ALL_QUESTION_KINDS, LANGS, answer_matches, grounding_score, make_dataset, no_picture
 
 
-def ask(model, tokenizer, pictures, questions, zero_table=False, max_new_tokens=24, history=None) -> list[str]:
+def ask(model, tokenizer, pictures, questions, zero_table=False, max_new_tokens=32, history=None) -> list[str]:
     """Greedy answers of the eager model for a batch: pictures[b] is a list of paths/PIL images for question b
     (zero_table: every picture's features replaced by zeros, so the model sees no picture content)."""
     vision, input_vit = model.transformer.visual, None
@@ -29,9 +29,18 @@ def ask(model, tokenizer, pictures, questions, zero_table=False, max_new_tokens=
     )
 
 
+def is_right(answer: str, example) -> bool:
+    """A hit: the exact answer, or for "where" a box that overlaps the shape's (IoU >= 0.5) with the right name."""
+    if example.kind == "where":
+        score = grounding_score(answer, example)
+        return score["right_shape"] and score["iou"] >= 0.5
+    return answer_matches(answer, example)
+
+
 def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=32, examples=None) -> dict:
-    """Accuracy per (kind, lang) and overall on `make_dataset(seed, n)` (or the given examples)."""
-    examples = make_dataset(seed, n) if examples is None else examples
+    """Accuracy per (kind, lang) and overall on `make_dataset(seed, n)` (or the given examples), and per language the
+    share of the same questions asked with no picture that get the no-picture answer ("none/en", not in overall)."""
+    examples = make_dataset(seed, n, kinds=ALL_QUESTION_KINDS) if examples is None else examples
     hits = defaultdict(list)
     by_images = defaultdict(list)
     for e in examples:
@@ -41,9 +50,16 @@ def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=32, e
             chunk = group[start : start + batch_size]
             answers = ask(model, tokenizer, [e.pictures() for e in chunk], [e.question for e in chunk], zero_table)
             for e, a in zip(chunk, answers):
-                hits[(e.kind, e.lang)].append(answer_matches(a, e))
+                hits[(e.kind, e.lang)].append(is_right(a, e))
     result = {f"{k}/{lang}": sum(v) / len(v) for (k, lang), v in sorted(hits.items())}
     result["overall"] = sum(sum(v) for v in hits.values()) / sum(len(v) for v in hits.values())
+    blind = defaultdict(list)
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        answers = ask(model, tokenizer, [[] for _ in chunk], [e.question for e in chunk])
+        for e, a in zip(chunk, answers):
+            blind[e.lang].append(a.strip() == no_picture(e.lang))
+    result.update({f"none/{lang}": sum(v) / len(v) for lang, v in sorted(blind.items())})
     return result
 
 
@@ -53,13 +69,16 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the shipped toy model)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     args = parser.parse_args(argv)
-    model, tokenizer = load_toy_model(args.checkpoint), load_tokenizer()
+    model, tokenizer = load_toy_model(args.checkpoint, device=args.device), load_tokenizer()
     real = evaluate(model, tokenizer, args.seed, args.n)
     zero = evaluate(model, tokenizer, args.seed, args.n, zero_table=True)
     print(f"held-out set: seed {args.seed}, {args.n} questions")
     print(f"{'question':<12}{'accuracy':>10}{'table zeroed':>14}")
-    for key in [f"{k}/{lang}" for k in QUESTION_KINDS for lang in LANGS] + ["overall"]:
+    for key in (
+        [f"{k}/{lang}" for k in ALL_QUESTION_KINDS for lang in LANGS] + ["overall"] + [f"none/{x}" for x in LANGS]
+    ):
         if key in real:
             print(f"{key:<12}{real[key]:>10.3f}{zero[key]:>14.3f}")
 

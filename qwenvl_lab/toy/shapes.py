@@ -79,6 +79,7 @@ _QUESTIONS = {
     },
 }
 _PICTURES = {"en": ("Picture 1.", "Picture 2."), "zh": ("第一张图片。", "第二张图片。")}
+_NO_PICTURE = {"en": "There is no picture.", "zh": "没有图片。"}
 
 
 def _check_choice(value, allowed, what):
@@ -312,6 +313,12 @@ def which_picture(scenes, color: str, kind: str, lang: str = "en") -> str:
     if len(having) != 1:
         raise ValueError(f"{len(having)} of the 2 pictures have a {color} {kind}; exactly one must")
     return _PICTURES[lang][having[0]]
+
+
+def no_picture(lang: str = "en") -> str:
+    """Answer to any question asked without a picture."""
+    _check_lang(lang)
+    return _NO_PICTURE[lang]
 
 
 def shape_name(color: str, kind: str, lang: str = "en") -> str:

@@ -1,284 +1,184 @@
-"""`python -m qwenvl_lab.toy.train` — train the toy Qwen-VL on shape pictures (CPU, seeded) and save it.
+"""`python -m qwenvl_lab.toy.train` — train the toy Qwen-VL on shape pictures from random weights and save it.
 
-Images enter exactly as at inference: the vision tower's `input_vit` becomes the prompt table and the
-image spans hold fake prompt ids (TensorRT-LLM's lookup). The vocabulary keeps its real size (151936),
-but only the rows the data uses are trained; every other row of `wte` and `lm_head` stays zero, which
-keeps the shipped checkpoint small. The loss is the full-vocabulary cross-entropy all the same: the
-zero rows give logit 0, so they enter the softmax as one extra column of logit log(#zero rows).
+Images enter exactly as at inference: the vision tower's `input_vit` becomes the prompt table and the image spans hold
+fake prompt ids, read by the package's prompt-table lookup. The vocabulary keeps its real size (151936), but only the
+rows the data uses are trained; every other row of `wte` and `lm_head` stays zero, which keeps the shipped
+checkpoint small. The loss is the full-vocabulary cross-entropy all the same: the zero rows give logit 0, so they
+enter the softmax as one extra column of logit log(#zero rows).
 
-Three stages, in bfloat16 autocast (about 1.7× faster than float32 on a CPU with AVX-512 BF16):
-1. The vision tower alone learns what covers each image query's grid cell (colour and kind of the shape,
-   and its left-to-right rank), through a throw-away linear probe on `input_vit`. The loss is counted
-   over all queries and again over the queries on a shape, which are few: without that second term
-   the tower sits at chance on circle / square / triangle for a long time.
-2. The whole model on multi-turn chats about its pictures (every question the templates allow, in
-   mixed languages), so one pass over the 256 image tokens supervises several answers; every third
-   step has two pictures. The patch probe keeps training, and a second throw-away probe on layer 2's
-   output asks each `</img>` what its picture holds and, on two-picture chats, each image token which
-   picture it belongs to and each position that predicts a "Which picture has …?" answer which (colour,
-   kind) pair was asked. That last one makes the two-picture question learnable here (without it: near a
-   guess; with it: 100 % held out): the pair has to be one feature before it can be matched against the pictures.
-3. Sharpening: the same chats, every second step with two pictures, at 0.3 × the learning rate on a schedule of
-   its own.
+Three stages (docs/toy-model.md gives the recipe and its reasons):
+1. The vision tower alone, through a throw-away probe on `input_vit`: for each image query, the shape under its grid
+   cell (colour and kind), its left-to-right rank and its box.
+2. The whole model on multi-turn chats about zero, one or two pictures (every question the templates allow, languages
+   mixed). The patch probe keeps training, and a throw-away probe on a middle layer asks each `</img>` what its
+   picture holds, each image token of a two-picture chat which picture it belongs to, and each position that
+   predicts a "which" or "where" answer which (colour, kind) pair was asked and, for "where", the box.
+3. Sharpening: the same chats at 0.3 × the learning rate on a schedule of its own.
 The probes are not part of the model and are not saved.
+
+A run can stop after a time limit and resume where it stopped (`--state DIR`): a training step's batch depends only
+on (seed, stage, step), and the state holds the weights, probes, optimizer and schedule.
 """
 
+from __future__ import annotations
+
 import argparse
-import itertools
+import dataclasses
 import math
-import random
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..chat import SPAN_NAME
-from ..checkpoint import save_checkpoint
-from ..img_pos import locate_img_pos
+from ..checkpoint import check_checkpoint_target, save_checkpoint
 from ..modeling import QWenLMHeadModel, QWenVLConfig
 from ..prompt_table import prompt_tuning_embedding, single_table_batch
-from ..tokenizing import ENDOFTEXT_ID, IM_END_ID, IMAGE_END_ID, IMAGE_START_ID, load_tokenizer, make_context
-from ..vision import N_QUERIES, preprocess_images
-from . import TOY_CONFIG, TOY_DIR
+from ..resources import output_dir
+from ..tokenizing import IMAGE_END_ID, IMAGE_START_ID, load_tokenizer
+from . import TOY_CONFIG
+from .batches import BOX_BINS, StepBatches, used_token_ids
 from .evaluate import evaluate
-from .shapes import (
-    COLORS,
-    KINDS,
-    LANGS,
-    MAX_SHAPES,
-    PICTURE_SIZE,
-    Scene,
-    Shape,
-    color_of,
-    count,
-    describe,
-    make_example,
-    question,
-    random_scene,
-    which_picture,
-)
+from .shapes import COLORS, KINDS, MAX_SHAPES
 
-STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800  # the shipped model's run
+STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800
+PAIRS = len(COLORS) * len(KINDS)
 
 
-def pair_class(color: str, kind: str) -> int:
-    """The (colour, kind) pair as one class of len(COLORS) · len(KINDS): colour · len(KINDS) + kind."""
-    return COLORS.index(color) * len(KINDS) + KINDS.index(kind)
+@dataclass(frozen=True)
+class Recipe:
+    """The settings of a training run that decide its weights (the defaults are the shipped model's)."""
 
+    seed: int = 0
+    batch_size: int = 16
+    lr: float = 1e-3
+    vision_steps: int = VISION_STEPS
+    steps: int = STEPS
+    sharpen_steps: int = SHARPEN_STEPS
+    image_size: int = TOY_CONFIG["visual"]["image_size"]  # the vision tower's input, pixels a side
+    picture_probe: float = 1.0  # weight of the middle-layer probe
+    probe_layer: int = 2
+    box_probe: float = 1.0  # weight of the box heads: on image queries, and on "where" answers at `box_layer`
+    box_layer: int = 3
+    digit_probe: float = 0.0  # weight of a head that predicts each box digit at `digit_layer`
+    digit_layer: int = 3
+    where_weight: float = 1.0  # weight of the answer loss at "where" answers' tokens
+    no_picture_every: int = 8  # one chat in N of a one-picture step has no picture
+    curriculum: float = 0.0  # over this fraction of stage 2, pictures grow from one shape to three
 
-WHICH_ASKED = {
-    question("which", lang, shape=k, color=c): pair_class(c, k) for lang in LANGS for c in COLORS for k in KINDS
-}  # "Which picture has a <c> <k>?" → the pair asked
+    def stages(self) -> list[tuple[str, str, int, float, int, int]]:
+        """(name, progress label, steps, learning rate, batch size, two pictures every N steps) of each stage."""
+        return [
+            ("vision", "stage 1: the vision tower", self.vision_steps, 2 * self.lr, 2 * self.batch_size, 0),
+            ("whole", "stage 2: the whole model", self.steps, self.lr, self.batch_size, 3),
+            ("sharpen", "stage 3: sharpening", self.sharpen_steps, 0.3 * self.lr, self.batch_size, 2),
+        ]
 
-
-def encode_chat(tokenizer, n_images: int, text: str) -> list[int]:
-    """Context ids of a chat turn asking `text` about `n_images` pictures (span paths are placeholders)."""
-    ids, [(start, _)] = encode_conversation(tokenizer, n_images, [(text, "")])
-    return ids[:start]
-
-
-def encode_conversation(tokenizer, n_images: int, turns) -> tuple[list[int], list[tuple[int, int]]]:
-    """Ids of a multi-turn chat about the pictures, and where each answer (with its <|im_end|>) sits."""
-    query = tokenizer.from_list_format(
-        [{"image": SPAN_NAME.format(k=k + 1)} for k in range(n_images)] + [{"text": turns[0][0]}]
-    )
-    ids, spans, history = [], [], []
-    for k, (text, answer) in enumerate(turns):
-        turn_query = query if k == 0 else text
-        context = make_context(tokenizer, turn_query, history=history)[1]
-        if context[: len(ids)] != ids:
-            raise RuntimeError("make_context did not extend the previous turns: the chat format changed")
-        answer_ids = tokenizer.encode(answer) + [IM_END_ID]
-        spans.append((len(context), len(context) + len(answer_ids)))
-        ids = context + answer_ids
-        history.append((turn_query, answer))
-    return ids, spans
-
-
-def encode_example(tokenizer, example):
-    """(context ids, answer ids + <|im_end|>) of an example in Qwen-VL's chat format."""
-    ids, [(start, _)] = encode_conversation(tokenizer, len(example.images), [(example.question, example.answer)])
-    return ids[:start], ids[start:]
-
-
-def make_conversation(rng: random.Random, pictures: int) -> tuple[list[Scene], list[tuple[str, str]]]:
-    """Pictures and a multi-turn chat asking the questions the templates allow about them, languages mixed."""
-    if pictures == 2:
-        scenes = make_example(rng, "which", "en").images  # two pictures that differ
-        first, second = ({(s.color, s.kind) for s in scene.shapes} for scene in scenes)
-        options = sorted(first ^ second)
-        rng.shuffle(options)
-        turns = []
-        for color, kind in options[:2]:
-            lang = rng.choice(LANGS)
-            turns.append((question("which", lang, shape=kind, color=color), which_picture(scenes, color, kind, lang)))
-        return scenes, turns
-    scene = random_scene(rng)
-    once = [k for k in KINDS if sum(s.kind == k for s in scene.shapes) == 1]
-    turns = []
-    for kind in ("what", "count", "color"):
-        lang = rng.choice(LANGS)
-        if kind == "what":
-            turns.append((question("what", lang), describe(scene, lang)))
-        elif kind == "count":
-            turns.append((question("count", lang), count(scene, lang)))
-        elif once:
-            shape = rng.choice(once)
-            turns.append((question("color", lang, shape=shape), color_of(scene, shape, lang)))
-    rng.shuffle(turns)
-    return [scene], turns
-
-
-def all_answers() -> list[str]:
-    """Every answer string the templates can produce, in both languages."""
-    answers = set()
-    shapes = [(c, k) for c in COLORS for k in KINDS]
-    boxes = [(0.05, 0.05, 0.25, 0.25), (0.4, 0.05, 0.6, 0.25), (0.75, 0.05, 0.95, 0.25)]
-    for lang in LANGS:
-        for n in (1, 2, 3):
-            for combo in itertools.product(shapes, repeat=n):
-                scene = Scene(tuple(Shape(k, c, boxes[i]) for i, (c, k) in enumerate(combo)))
-                answers.add(describe(scene, lang))
-                answers.add(count(scene, lang))
-        for c in COLORS:
-            answers.add(color_of(Scene((Shape("circle", c, boxes[0]),)), "circle", lang))
-        one = Scene((Shape("circle", "red", boxes[0]),))
-        two = Scene((Shape("square", "blue", boxes[0]),))
-        answers.add(which_picture([one, two], "red", "circle", lang))
-        answers.add(which_picture([one, two], "blue", "square", lang))
-    return sorted(answers)
-
-
-def all_prompts() -> list[str]:
-    """Every question the templates can ask, in both languages."""
-    out = []
-    for lang in LANGS:
-        out += [question("what", lang), question("count", lang)]
-        out += [question("color", lang, shape=k) for k in KINDS]
-        out += [question("which", lang, shape=k, color=c) for k in KINDS for c in COLORS]
-    return out
-
-
-def used_token_ids(tokenizer) -> tuple[list[int], list[int]]:
-    """(input ids the data can contain, output ids the answers can contain), both sorted."""
-    outputs = {IM_END_ID}
-    for answer in all_answers():
-        outputs.update(tokenizer.encode(answer))
-    inputs = set(outputs) | {ENDOFTEXT_ID}
-    for prompt in all_prompts():
-        for n in (1, 2):
-            context = torch.tensor(encode_chat(tokenizer, n, prompt))
-            for _, a, b in locate_img_pos(context).tolist():
-                context[a + 1 : b] = ENDOFTEXT_ID  # path bytes become fake ids: they need no embedding row
-            inputs.update(context.tolist())
-        inputs.update(tokenizer.encode(prompt))  # the same question asked in a later turn
-    return sorted(inputs), sorted(outputs)
-
-
-def make_batch(tokenizer, conversations):
-    """Right-padded ids [B, L], attention mask, target mask (positions whose next token is an answer token), targets,
-    pixels, and `asked` [B, L]: at the positions that predict a "Which picture has …?" answer, the (colour, kind)
-    pair asked (colour · 3 + kind), elsewhere -100."""
-    rows = [encode_conversation(tokenizer, len(scenes), turns) for scenes, turns in conversations]
-    length = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), length), ENDOFTEXT_ID)
-    mask = torch.zeros(len(rows), length, dtype=torch.long)
-    target_mask = torch.zeros(len(rows), length, dtype=torch.bool)
-    asked = torch.full((len(rows), length), -100)
-    for b, ((seq, spans), (_, turns)) in enumerate(zip(rows, conversations)):
-        ids[b, : len(seq)] = torch.tensor(seq)
-        mask[b, : len(seq)] = 1
-        for (start, stop), (text, _) in zip(spans, turns):
-            target_mask[b, start - 1 : stop - 1] = True  # these positions predict answer tokens
-            asked[b, start - 1 : stop - 1] = WHICH_ASKED.get(text, -100)
-    targets = torch.roll(ids, -1, dims=1)[target_mask]
-    pixels = render_pixels([scene for scenes, _ in conversations for scene in scenes])
-    return ids, mask, target_mask, targets, pixels, asked
-
-
-def render_pixels(scenes) -> torch.Tensor:
-    """Scenes drawn as the sample PNGs are (PICTURE_SIZE) and preprocessed as any picture is: [N, 3, S, S]."""
-    return preprocess_images([scene.render(PICTURE_SIZE) for scene in scenes], TOY_CONFIG["visual"]["image_size"])
-
-
-def patch_labels(scene: Scene) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per image query, raster order [256]: the shape under its grid cell (0 background, else 1 + colour·3 + kind), its rank."""
-    order = scene.left_to_right()
-    codes = Scene(
-        tuple(
-            Shape(s.kind, s.color, s.box, (1 + pair_class(s.color, s.kind), 1 + order.index(s), 0))
-            for s in scene.shapes
-        ),
-        background=(0, 0, 0),
-    )
-    grid = math.isqrt(N_QUERIES)
-    step = PICTURE_SIZE // grid
-    pixels = np.asarray(codes.render(PICTURE_SIZE))  # [S, S, 3]
-    centres = pixels[step // 2 :: step, step // 2 :: step][:grid, :grid].astype(np.int64)  # [grid, grid, 3]
-    return torch.from_numpy(centres[..., 0].reshape(-1)), torch.from_numpy(centres[..., 1].reshape(-1))
+    def model_config(self) -> dict:
+        """The model's config: the toy architecture with this recipe's vision input."""
+        return {**TOY_CONFIG, "visual": {**TOY_CONFIG["visual"], "image_size": self.image_size}}
 
 
 class PatchProbe(torch.nn.Module):
-    """Auxiliary training head: from each `input_vit` row, the shape under that query's grid cell and its left-to-right rank."""
+    """Throw-away head on `input_vit`: per image query, the shape under its grid cell, its rank and its box."""
 
     def __init__(self, hidden: int):
         super().__init__()
-        self.shape = torch.nn.Linear(hidden, 1 + len(COLORS) * len(KINDS))
+        self.shape = torch.nn.Linear(hidden, 1 + PAIRS)
         self.rank = torch.nn.Linear(hidden, 1 + MAX_SHAPES)
+        self.box = torch.nn.Linear(hidden, 4 * BOX_BINS)
 
-    def loss(self, input_vit, scenes) -> torch.Tensor:
-        """Cross-entropy of both probes over every query, plus over the queries on a shape alone (most are background)."""
-        labels = zip(*map(patch_labels, scenes))
-        shape, rank = (torch.stack(t).reshape(-1).to(input_vit.device) for t in labels)  # [N*256] each
+    def loss(self, input_vit, batch, box_weight: float) -> torch.Tensor:
+        """Cross-entropy of the shape and rank heads over every query, plus over the queries on a shape alone (most
+        are background), plus the box head's over the queries on a shape."""
         rows = input_vit.reshape(-1, input_vit.shape[-1]).float()  # [N*256, H]
-        on_shape = shape > 0
+        shape, rank = batch["patch_shape"].reshape(-1), batch["patch_rank"].reshape(-1)  # [N*256] each
+        on = shape > 0
         total = rows.new_zeros(())
         for head, labels in ((self.shape, shape), (self.rank, rank)):
             logits = head(rows)
-            total = total + F.cross_entropy(logits, labels) + F.cross_entropy(logits[on_shape], labels[on_shape])
+            total = total + F.cross_entropy(logits, labels) + F.cross_entropy(logits[on], labels[on])
+        if box_weight:
+            boxes = self.box(rows[on]).view(-1, BOX_BINS)  # [on*4, bins]
+            total = total + box_weight * F.cross_entropy(boxes, batch["patch_box"].reshape(-1, 4)[on].reshape(-1))
         return total
 
 
-class PictureProbe(torch.nn.Module):
-    """Auxiliary training head on layer `layer`'s output: at each image token and `</img>`, which picture of the prompt
-    it belongs to; at each `</img>`, which (colour, kind) pairs its picture holds and how many shapes; where a
-    "Which picture has …?" answer is predicted, the pair asked (one class of 12: the question's colour and kind
-    together, which the answer has to match against each picture's pairs)."""
+class LayerTap:
+    """The outputs of some of the model's decoder layers in its last forward (forward hooks)."""
 
-    def __init__(self, model, layer: int):
+    def __init__(self, model, layers):
+        self.hidden = {}
+        self.hooks = [
+            model.transformer.h[layer - 1].register_forward_hook(
+                lambda module, args, out, layer=layer: self.hidden.__setitem__(layer, out)
+            )
+            for layer in sorted(set(layers))
+        ]
+
+    def remove(self):
+        """Take the hooks off the model."""
+        for hook in self.hooks:
+            hook.remove()
+
+
+class AnswerProbe(torch.nn.Module):
+    """Throw-away heads on a middle layer's output: at each image token and `</img>` of a two-picture chat, which
+    picture it belongs to; at each `</img>`, the (colour, kind) pairs its picture holds and how many shapes; at each
+    position that predicts a "which" or "where" answer, the pair asked (one class of 12: the question's colour and
+    kind together, which the answer has to match against the pictures)."""
+
+    def __init__(self, hidden: int):
         super().__init__()
-        hidden = model.config.hidden_size
         self.tag = torch.nn.Linear(hidden, 2)
-        self.inventory = torch.nn.Linear(hidden, len(COLORS) * len(KINDS))
+        self.inventory = torch.nn.Linear(hidden, PAIRS)
         self.count = torch.nn.Linear(hidden, MAX_SHAPES)
-        self.asked = torch.nn.Linear(hidden, len(COLORS) * len(KINDS))
-        self.hidden = None
-        self.hook = model.transformer.h[layer - 1].register_forward_hook(
-            lambda m, args, out: setattr(self, "hidden", out)
-        )
+        self.asked = torch.nn.Linear(hidden, PAIRS)
 
-    def loss(self, fake_ids, vocab_size: int, scenes, asked) -> torch.Tensor:
-        """Picture-index and asked-pair cross-entropies (prompts of two pictures) + inventory and count losses, from the
-        last forward (asked [B, L] as make_batch gives it)."""
-        ends = fake_ids == IMAGE_END_ID  # [B, L], one per picture, in the order of `scenes`
-        summary = self.hidden[ends].float()  # [N, H]
-        held = torch.zeros(len(scenes), len(COLORS) * len(KINDS), device=summary.device)
-        for i, scene in enumerate(scenes):
-            for s in scene.shapes:
-                held[i, pair_class(s.color, s.kind)] = 1.0
-        shapes = torch.tensor([len(scene.shapes) - 1 for scene in scenes], device=summary.device)
-        total = F.binary_cross_entropy_with_logits(self.inventory(summary), held) + F.cross_entropy(
-            self.count(summary), shapes
-        )
-        if len(scenes) > fake_ids.shape[0]:  # two pictures per prompt
-            tagged = (fake_ids >= vocab_size) | ends  # [B, L]
+    def loss(self, hidden, fake_ids, vocab_size: int, batch) -> torch.Tensor:
+        """The heads' losses on `hidden` [B, L, H] of the prompts `fake_ids` [B, L]."""
+        hidden = hidden.float()
+        ends = fake_ids == IMAGE_END_ID  # [B, L], one per picture, in the order of the batch's pictures
+        summary = hidden[ends]  # [N, H]
+        total = F.binary_cross_entropy_with_logits(self.inventory(summary), batch["held"])
+        total = total + F.cross_entropy(self.count(summary), batch["shapes"])
+        two = (batch["pictures"] == 2)[:, None]  # [B, 1]
+        tagged = ((fake_ids >= vocab_size) | ends) & two  # [B, L]
+        if tagged.any():
             index = (fake_ids == IMAGE_START_ID).cumsum(dim=1) - 1  # [B, L]: the picture each token follows
-            total = total + F.cross_entropy(self.tag(self.hidden[tagged].float()), index[tagged])
-            before = asked >= 0  # [B, L]
-            total = total + F.cross_entropy(self.asked(self.hidden[before].float()), asked[before])
+            total = total + F.cross_entropy(self.tag(hidden[tagged]), index[tagged])
+        asked = batch["asked"] >= 0  # [B, L]
+        if asked.any():
+            total = total + F.cross_entropy(self.asked(hidden[asked]), batch["asked"][asked])
         return total
+
+
+class WhereProbe(torch.nn.Module):
+    """Throw-away heads for "where" answers: at each position that predicts one, the box's four bins; at each that
+    predicts a coordinate digit, that digit."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.box = torch.nn.Linear(hidden, 4 * BOX_BINS)
+        self.digit = torch.nn.Linear(hidden, 10)
+
+    def box_loss(self, hidden, batch) -> torch.Tensor:
+        """Cross-entropy of the box bins at the positions that predict a "where" answer ([B, L, H] in)."""
+        where = batch["box"][..., 0] >= 0  # [B, L]
+        if not where.any():
+            return hidden.new_zeros((), dtype=torch.float32)
+        boxes = self.box(hidden[where].float()).view(-1, BOX_BINS)  # [W*4, bins]
+        return F.cross_entropy(boxes, batch["box"][where].reshape(-1))
+
+    def digit_loss(self, hidden, batch) -> torch.Tensor:
+        """Cross-entropy of the digit at the positions that predict a box's coordinate digit ([B, L, H] in)."""
+        digits = batch["digit"] >= 0  # [B, L]
+        if not digits.any():
+            return hidden.new_zeros((), dtype=torch.float32)
+        return F.cross_entropy(self.digit(hidden[digits].float()), batch["digit"][digits])
 
 
 class CompactVocab(torch.nn.Module):
@@ -289,14 +189,15 @@ class CompactVocab(torch.nn.Module):
         vocab_size = model.config.vocab_size
         self.register_buffer("remap", torch.full((vocab_size,), -1, dtype=torch.long))
         self.remap[torch.tensor(input_ids_used)] = torch.arange(len(input_ids_used))
+        self.register_buffer("head_remap", torch.full((vocab_size,), -1, dtype=torch.long))
+        self.head_remap[torch.tensor(output_ids_used)] = torch.arange(len(output_ids_used))
         self.input_ids_used, self.output_ids_used = input_ids_used, output_ids_used
         self.wte = torch.nn.Parameter(model.transformer.wte.weight.data[input_ids_used].clone())
         self.head = torch.nn.Parameter(model.lm_head.weight.data[output_ids_used].clone())
-        self.head_index = {t: i for i, t in enumerate(output_ids_used)}
         self.log_zero_rows = math.log(vocab_size - len(output_ids_used))
 
     def embed(self, ids, prompt_table, tasks, task_vocab_size, vocab_size):
-        """The real prompt-table lookup, over the compact vocabulary."""
+        """The prompt-table lookup over the compact vocabulary."""
         fake = ids >= vocab_size
         compact = torch.where(
             fake, ids - vocab_size + len(self.input_ids_used), self.remap[ids.clamp(max=vocab_size - 1)]
@@ -307,12 +208,17 @@ class CompactVocab(torch.nn.Module):
             compact, self.wte, prompt_table, tasks, task_vocab_size, len(self.input_ids_used)
         )
 
-    def loss(self, hidden, targets):
-        """Full-vocabulary cross-entropy: trained rows + the zero rows as one column of logit log(count)."""
+    def loss(self, hidden, targets, weights=None):
+        """Full-vocabulary cross-entropy (weighted per token by `weights`): trained rows + the zero rows as one column
+        of logit log(count)."""
         logits = hidden.float() @ self.head.T  # [T, U]
         logits = torch.cat([logits, logits.new_full((logits.shape[0], 1), self.log_zero_rows)], dim=1)
-        index = torch.tensor([self.head_index[int(t)] for t in targets], device=hidden.device)
-        return F.cross_entropy(logits, index)
+        index = self.head_remap[targets]
+        if (index < 0).any():
+            raise ValueError("a training answer holds a token outside the compact vocabulary")
+        if weights is None:
+            return F.cross_entropy(logits, index)
+        return (F.cross_entropy(logits, index, reduction="none") * weights).sum() / weights.sum()
 
     def write_back(self, model):
         """Copy the trained rows into the full-size matrices, zeroing every other row."""
@@ -326,137 +232,294 @@ class CompactVocab(torch.nn.Module):
 def optimizer(params, lr: float, steps: int, no_decay=()):
     """AdamW with a one-cycle schedule (5 % warm-up); `no_decay` parameters (embedding rows) are not decayed."""
     opt = torch.optim.AdamW(
-        [{"params": params, "weight_decay": 0.01}, {"params": list(no_decay), "weight_decay": 0.0}],
+        [{"params": list(params), "weight_decay": 0.01}, {"params": list(no_decay), "weight_decay": 0.0}],
         lr=lr,
         betas=(0.9, 0.98),
     )
-    return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
+    return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(steps, 1), pct_start=0.05)
 
 
-def pretrain_vision(model, probe, rng, steps: int, batch_size: int, lr: float, device):
-    """Stage 1: the vision tower and the probe alone, on single pictures (a few times cheaper than a full step)."""
-    visual = model.transformer.visual
-    params = [*visual.parameters(), *probe.parameters()]
-    opt, sched = optimizer(params, lr, steps)
-    for _ in tqdm(range(steps), desc="stage 1: the vision tower"):
-        scenes = [random_scene(rng) for _ in range(batch_size)]
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = probe.loss(visual(render_pixels(scenes).to(device)), scenes)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+class Trainer:
+    """The model, its compact vocabulary and the probes of one run, with what a resumed run needs to continue."""
+
+    def __init__(self, recipe: Recipe, device):
+        self.recipe, self.device = recipe, torch.device(device)
+        torch.manual_seed(recipe.seed)
+        self.tokenizer = load_tokenizer()
+        self.model = QWenLMHeadModel(QWenVLConfig(**recipe.model_config())).to(self.device)
+        self.vocab = CompactVocab(self.model, *used_token_ids(self.tokenizer)).to(self.device)
+        hidden = self.model.config.hidden_size
+        self.patch_probe = PatchProbe(hidden).to(self.device)
+        self.answer_probe = AnswerProbe(hidden).to(self.device)
+        self.where_probe = WhereProbe(hidden).to(self.device)
+        self.tap = LayerTap(self.model, [recipe.probe_layer, recipe.box_layer, recipe.digit_layer])
+        self.stage, self.step, self.seconds = 0, 0, 0.0  # where the run stands; seconds of training so far
+        self.model.train()
+
+    def modules(self) -> dict:
+        """The trained modules by name (the model without its two vocabulary matrices, which `vocab` holds)."""
+        return {
+            "vocab": self.vocab,
+            "patch_probe": self.patch_probe,
+            "answer_probe": self.answer_probe,
+            "where_probe": self.where_probe,
+        }
+
+    def body(self) -> list:
+        """The model's parameters outside its vocabulary matrices."""
+        return [p for n, p in self.model.named_parameters() if not n.endswith(("wte.weight", "lm_head.weight"))]
+
+    def stage_optimizer(self, name: str, steps: int, lr: float):
+        """The optimizer and schedule of a stage: the vision tower and the patch probe, or everything."""
+        if name == "vision":
+            return optimizer([*self.model.transformer.visual.parameters(), *self.patch_probe.parameters()], lr, steps)
+        probes = [*self.patch_probe.parameters(), *self.answer_probe.parameters(), *self.where_probe.parameters()]
+        return optimizer([*self.body(), *probes], lr, steps, no_decay=self.vocab.parameters())
+
+    def vision_loss(self, batch) -> torch.Tensor:
+        """Stage 1's loss: the patch probe on the vision tower's output alone."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            input_vit = self.model.transformer.visual(batch["pixels"])  # [N, 256, H]
+            return self.patch_probe.loss(input_vit, batch, self.recipe.box_probe)
+
+    def chat_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stages 2 and 3: (answer loss, probes' loss) of a batch of chats."""
+        r, vocab_size = self.recipe, self.model.config.vocab_size
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            input_vit = self.model.transformer.visual(batch["pixels"])  # [N, 256, H]
+            fake_ids, table, tasks, task_vocab_size = single_table_batch(batch["ids"], input_vit.float(), vocab_size)
+            embeds = self.vocab.embed(fake_ids, table, tasks, task_vocab_size, vocab_size)  # [B, L, H]
+            hidden, _ = self.model.transformer(inputs_embeds=embeds, attention_mask=batch["mask"])
+            target_mask = batch["target_mask"]
+            weights = None
+            if r.where_weight != 1.0:
+                weights = 1.0 + (r.where_weight - 1.0) * (batch["box"][..., 0][target_mask] >= 0).float()  # [T]
+            loss = self.vocab.loss(hidden[target_mask], batch["targets"], weights)
+            aux = self.patch_probe.loss(input_vit, batch, r.box_probe)
+            if r.picture_probe:
+                middle = self.tap.hidden[r.probe_layer]
+                aux = aux + r.picture_probe * self.answer_probe.loss(middle, fake_ids, vocab_size, batch)
+            if r.box_probe:
+                aux = aux + r.box_probe * self.where_probe.box_loss(self.tap.hidden[r.box_layer], batch)
+            if r.digit_probe:
+                aux = aux + r.digit_probe * self.where_probe.digit_loss(self.tap.hidden[r.digit_layer], batch)
+        return loss, aux
+
+    def evaluate(self, seed: int, n: int) -> dict:
+        """Held-out accuracy of the model as it stands (its vocabulary rows written back)."""
+        self.vocab.write_back(self.model)
+        self.model.eval()
+        try:
+            return evaluate(self.model, self.tokenizer, seed=seed, n=n)
+        finally:
+            self.model.train()
+
+    def state(self, opt, sched) -> dict:
+        """Everything a resumed run needs."""
+        return {
+            "recipe": dataclasses.asdict(self.recipe),
+            "stage": self.stage,
+            "step": self.step,
+            "seconds": self.seconds,
+            "model": {
+                k: v for k, v in self.model.state_dict().items() if not k.endswith(("wte.weight", "lm_head.weight"))
+            },
+            **{name: module.state_dict() for name, module in self.modules().items()},
+            "optimizer": opt.state_dict(),
+            "schedule": sched.state_dict(),
+        }
+
+    def load(self, state: dict) -> dict:
+        """Take the weights and progress of a saved state; returns its optimizer and schedule states."""
+        missing = self.model.load_state_dict(state["model"], strict=False).missing_keys
+        if set(missing) - {"transformer.wte.weight", "lm_head.weight"}:
+            raise ValueError(f"the training state lacks weights of the model: {sorted(missing)[:3]} …")
+        for name, module in self.modules().items():
+            module.load_state_dict(state[name])
+        self.stage, self.step, self.seconds = state["stage"], state["step"], state["seconds"]
+        return {"optimizer": state["optimizer"], "schedule": state["schedule"]}
+
+
+STATE_FILE = "state.pt"
+
+
+def save_state(state_dir: Path, state: dict) -> None:
+    """Write the training state into `state_dir` atomically (a temporary file, then one rename)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    partial = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+    torch.save(state, partial)
+    os.replace(partial, state_dir / STATE_FILE)
+
+
+def read_state(state_dir: Path) -> dict | None:
+    """The training state saved in `state_dir`, or None when there is none yet."""
+    path = Path(state_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _loader(dataset, start: int, workers: int, pin: bool):
+    """The batches of `dataset` from step `start` on, made by `workers` processes ahead of the training loop."""
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=range(start, len(dataset)),
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+        pin_memory=pin,
+    )
 
 
 def train(
-    steps=STEPS,
-    batch_size=16,
-    lr=1e-3,
-    seed=0,
-    output_dir=TOY_DIR,
-    eval_every=EVAL_EVERY,
-    vision_steps=VISION_STEPS,
+    recipe: Recipe = Recipe(),
+    output_dir=None,
     device="cpu",
-    picture_probe=1.0,
-    probe_layer=2,
-    sharpen_steps=SHARPEN_STEPS,
+    eval_every: int = EVAL_EVERY,
+    state_dir=None,
+    time_limit: float | None = None,
+    save_every: float = 300.0,
+    workers: int = 0,
+    overwrite: bool = False,
 ):
-    """Train the toy model and save it in Qwen-VL-Chat's layout; returns the model."""
-    device = torch.device(device)
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tokenizer = load_tokenizer()
-    model = QWenLMHeadModel(QWenVLConfig(**TOY_CONFIG)).to(device)
-    vocab = CompactVocab(model, *used_token_ids(tokenizer)).to(device)
-    probe = PatchProbe(model.config.hidden_size).to(device)
-    pictures_probe = PictureProbe(model, probe_layer).to(device)
-    model.train()
-    pretrain_vision(model, probe, rng, vision_steps, 2 * batch_size, 2 * lr, device)
-    body = [p for n, p in model.named_parameters() if not n.endswith(("wte.weight", "lm_head.weight"))]
-    body += [*probe.parameters(), *pictures_probe.parameters()]
-    vocab_size = model.config.vocab_size
-
-    def run(stage: str, n_steps: int, stage_lr: float, two_pictures_every: int):
-        """n_steps of whole-model training, two-picture chats every `two_pictures_every`-th step."""
-        opt, sched = optimizer(body, stage_lr, n_steps, no_decay=vocab.parameters())
-        bar = tqdm(range(n_steps), desc=stage)
-        for step in bar:
-            pictures = 2 if step % two_pictures_every == two_pictures_every - 1 else 1  # batches of similar lengths
-            conversations = [make_conversation(rng, pictures) for _ in range(batch_size)]
-            ids, mask, target_mask, targets, pixels, asked = (
-                t.to(device) for t in make_batch(tokenizer, conversations)
-            )
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                input_vit = model.transformer.visual(pixels)  # [N, 256, H]
-                fake_ids, prompt_table, tasks, task_vocab_size = single_table_batch(ids, input_vit.float(), vocab_size)
-                embeds = vocab.embed(fake_ids, prompt_table, tasks, task_vocab_size, vocab_size)  # [B, L, H]
-                hidden, _ = model.transformer(inputs_embeds=embeds, attention_mask=mask)
-                loss = vocab.loss(hidden[target_mask], targets)
-                drawn = [scene for scenes, _ in conversations for scene in scenes]  # in the order of the image spans
-                aux = probe.loss(input_vit, drawn) + picture_probe * pictures_probe.loss(
-                    fake_ids, vocab_size, drawn, asked
-                )
+    """Train the toy model and save it in Qwen-VL-Chat's layout into `output_dir` (a new or empty folder; overwrite:
+    replace the checkpoint there); returns the model on the CPU. With `state_dir` the run resumes from the state saved
+    there and saves its own every `save_every` seconds; past `time_limit` seconds it saves and returns None."""
+    started = time.monotonic()
+    saved_state = read_state(Path(state_dir)) if state_dir is not None else None
+    if saved_state is not None:
+        recipe = Recipe(**saved_state["recipe"])  # a resumed run keeps the recipe it started with
+    output_dir = Path(output_dir) if output_dir is not None else default_output_dir()
+    check_checkpoint_target(output_dir, overwrite)  # refused now, not after the training
+    trainer = Trainer(recipe, device)
+    resumed = trainer.load(saved_state) if saved_state is not None else None
+    last_save = time.monotonic()
+    for index, (name, label, steps, lr, batch_size, two_every) in enumerate(recipe.stages()):
+        if index < trainer.stage or steps == 0:
+            continue
+        opt, sched = trainer.stage_optimizer(name, steps, lr)
+        if resumed is not None and trainer.step > 0:  # paused inside this stage
+            opt.load_state_dict(resumed["optimizer"])
+            sched.load_state_dict(resumed["schedule"])
+        resumed = None
+        dataset = StepBatches(
+            recipe.seed,
+            name,
+            steps,
+            batch_size,
+            recipe.image_size,
+            two_pictures_every=max(two_every, 1),
+            no_picture_every=recipe.no_picture_every,
+            curriculum=recipe.curriculum if name == "whole" else 0.0,
+        )
+        bar = tqdm(
+            _loader(dataset, trainer.step, workers, trainer.device.type == "cuda"),
+            desc=label,
+            initial=trainer.step,
+            total=steps,
+        )
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for batch in bar:
+            tick = time.monotonic()
+            batch = batch.to(trainer.device)
+            if name == "vision":
+                loss, aux = trainer.vision_loss(batch), None
+            else:
+                loss, aux = trainer.chat_loss(batch)
             opt.zero_grad(set_to_none=True)
-            (loss + aux).backward()
-            torch.nn.utils.clip_grad_norm_([*body, *vocab.parameters()], 1.0)
+            (loss if aux is None else loss + aux).backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            bar.set_postfix(loss=f"{loss.item():.4f}", probe=f"{aux.item():.3f}")
-            if eval_every and ((step + 1) % eval_every == 0 or step + 1 == n_steps):
-                vocab.write_back(model)
-                model.eval()
-                print(
-                    f"{stage}, step {step + 1}: loss {loss.item():.4f}; held-out accuracy "
-                    f"{evaluate(model, tokenizer, seed=10_000 + step, n=48)['overall']:.3f}"
-                )
-                model.train()
-
-    run("stage 2: the whole model", steps, lr, 3)
-    if sharpen_steps:
-        run("stage 3: sharpening", sharpen_steps, 0.3 * lr, 2)
-    pictures_probe.hook.remove()  # the probe is thrown away: the model keeps no hook
-    vocab.write_back(model)
-    model.eval()
-    model.to("cpu", torch.bfloat16)
-    save_checkpoint(model, output_dir, max_shard_size="100MB")
+            trainer.step += 1
+            trainer.seconds += time.monotonic() - tick
+            bar.set_postfix(loss=f"{loss.item():.4f}", **({} if aux is None else {"probe": f"{aux.item():.3f}"}))
+            if name != "vision" and eval_every and (trainer.step % eval_every == 0 or trainer.step == steps):
+                accuracy = trainer.evaluate(seed=10_000 + trainer.step, n=48)["overall"]
+                print(f"{label}, step {trainer.step}: loss {loss.item():.4f}; held-out accuracy {accuracy:.3f}")
+            out_of_time = time_limit is not None and time.monotonic() - started > time_limit
+            if state_dir is not None and (out_of_time or time.monotonic() - last_save > save_every):
+                save_state(Path(state_dir), trainer.state(opt, sched))
+                last_save = time.monotonic()
+            if out_of_time and trainer.step < steps:
+                bar.close()
+                print(f"paused at {label}, step {trainer.step} of {steps}: resume with --state {state_dir}")
+                trainer.tap.remove()
+                return None
+        print(f"{label}: {steps} steps, {trainer.seconds:.0f} s of training so far")
+        trainer.stage, trainer.step = index + 1, 0
+        if state_dir is not None:
+            save_state(Path(state_dir), trainer.state(opt, sched))
+    trainer.tap.remove()  # the probes are thrown away: the model keeps no hook
+    trainer.vocab.write_back(trainer.model)
+    model = trainer.model.eval().to("cpu", torch.bfloat16)
+    save_checkpoint(model, output_dir, max_shard_size="100MB", overwrite=overwrite)
     return model.float()
 
 
+def default_output_dir() -> Path:
+    """Where training saves the model unless told otherwise: a folder of its own among the course outputs."""
+    return output_dir() / "toy-qwen-vl"
+
+
 def main(argv=None):
-    """Command line: python -m qwenvl_lab.toy.train [--steps N] [--out DIR]."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=TOY_DIR)
+    """Command line: python -m qwenvl_lab.toy.train [--device cuda] [--out DIR] [--state DIR --time-limit S] …"""
+    defaults = Recipe()
+    parser = argparse.ArgumentParser(prog="qwenvl-lab train", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="a new or empty folder for the model (default: course-output/toy-qwen-vl)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the checkpoint already in --out")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes that make the batches (default: 0 on a CPU, up to 8 on a GPU)",
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="a folder for the training state: saved every --save-every seconds, resumed from when there",
+    )
+    parser.add_argument("--time-limit", type=float, default=None, help="save the state and stop after S seconds")
+    parser.add_argument("--save-every", type=float, default=300.0, help="seconds between saved states (default: 300)")
     parser.add_argument(
         "--eval-every", type=int, default=EVAL_EVERY, help="print a small held-out accuracy every N steps (0: never)"
     )
-    parser.add_argument("--vision-steps", type=int, default=VISION_STEPS)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--picture-probe", type=float, default=1.0, help="weight of the layer-2 picture probe")
-    parser.add_argument(
-        "--sharpen-steps",
-        type=int,
-        default=SHARPEN_STEPS,
-        help="stage 3: N more steps at 0.3 × the learning rate, every second one with two pictures",
-    )
+    for field in dataclasses.fields(Recipe):
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}",
+            type=type(getattr(defaults, field.name)),
+            default=getattr(defaults, field.name),
+            help="(default: %(default)s)",
+        )
     args = parser.parse_args(argv)
-    train(
-        args.steps,
-        args.batch_size,
-        args.lr,
-        args.seed,
-        args.out,
-        args.eval_every,
-        args.vision_steps,
-        args.device,
-        args.picture_probe,
-        sharpen_steps=args.sharpen_steps,
+    if args.state is None and args.time_limit is not None:
+        parser.error("--time-limit needs --state DIR, where the run saves what it needs to resume")
+    recipe = Recipe(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Recipe)})
+    workers = (
+        args.workers
+        if args.workers is not None
+        else (min(8, (os.cpu_count() or 2) - 1) if args.device.startswith("cuda") else 0)
     )
-    print(f"saved to {args.out}")
+    model = train(
+        recipe,
+        args.out,
+        args.device,
+        args.eval_every,
+        args.state,
+        args.time_limit,
+        args.save_every,
+        workers,
+        args.overwrite,
+    )
+    if model is not None:
+        print(f"saved to {args.out or default_output_dir()}")
 
 
 if __name__ == "__main__":
