@@ -53,7 +53,11 @@ class Claim:
         return self.evidence.partition(": ")[0]
 
     def __str__(self) -> str:
-        return f"{self.id} · {self.verdict} · {self.evidence}"
+        return (
+            f"{self.id} · {self.evidence}"
+            if self.kind == "not checkable here"
+            else f"{self.id} · {self.verdict} · {self.evidence}"
+        )
 
 
 CLAIMS = (

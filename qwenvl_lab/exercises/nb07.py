@@ -1,14 +1,17 @@
-"""Exercises of notebook 07 (performance and fact check): the committed H200 run, the KV cache's size, CLIP's logits."""
+"""Exercises of notebook 07 (performance and fact check): the committed H200 run, the KV cache's size, CLIP's logits;
+and its self-check."""
 
 import json
 import numbers
 
 import torch
 
-from ..clip import small_clip
+from ..claims import CLAIMS
+from ..clip import small_clip, what_clip_does
 from ..modeling import QWenVLConfig
 from ..resources import data_dir
 from . import exercise
+from .selfcheck import Question, right, wrong
 
 NOT_ATTEMPTED = "not attempted yet — the function returns None (or raises NotImplementedError): write its body"
 CLIP_SEEDS = (1, 2)  # exercise 07.3: the random CLIPs a learner's function is checked on
@@ -107,3 +110,79 @@ def clip_logits(function):
         if hint is not None:
             return hint
     return None
+
+
+def SELF_CHECK():
+    """Notebook 07's self-check: the right options computed from the records and the measurements where they can be."""
+    seen = what_clip_does(0)
+    apart = seen["text ignores the picture"] and seen["picture ignores the text"]
+    return (
+        Question(
+            "Which of these is evidence, in this course's sense, for a claim about TensorRT-LLM?",
+            (
+                wrong(
+                    "this package's engine refuses a 768-row table when built for 512 rows",
+                    "this package refusing its own input is a demonstration of the rule, never evidence for TensorRT-LLM",
+                ),
+                right(
+                    "run.py's lines, quoted with repository, path and commit",
+                    f"upstream source, like the {sum(c.kind == 'source' for c in CLAIMS)} claims settled that way",
+                ),
+                wrong(
+                    "a second article that gives the same figure",
+                    "an article repeating a figure is not its source: 1.8× and 92% stay not checkable",
+                ),
+                wrong(
+                    "the notebook printing 'confirmed'",
+                    "a printed verdict is only as good as the measurement or the lines it was settled by",
+                ),
+            ),
+        ),
+        Question(
+            "What does transformers' CLIPModel compute from texts and pictures?",
+            (
+                wrong(
+                    "one sequence of text tokens and patches through one transformer",
+                    "that is 'concatenate, then process'; measured, each tower ignores the other's input",
+                ),
+                right(
+                    "two pooled projections, computed apart, and the scaled cosine between them",
+                    f"measured: the towers apart ({apart}) and logits = scale × cosine "
+                    f"({seen['logits = scale × cosine']})",
+                ),
+                wrong(
+                    "text embeddings in which the picture's patch features replace some tokens",
+                    "that is the prompt table's way (Qwen-VL), not CLIP's",
+                ),
+                wrong(
+                    "the text tower reads the patches through cross-attention",
+                    "no layer of CLIP sees both inputs: the text embeddings are identical whatever the picture",
+                ),
+            ),
+        ),
+        Question(
+            "What is run.py's infer_time, the second value generate_for_qwenvl returns?",
+            (
+                wrong("the time of one decode step", "it times whole generations, setup included"),
+                wrong("the time to the first token", "it stops the clock after the last decode step"),
+                right("the mean of 10 whole generations of the same answer", "run_time = 10, divided out at the end"),
+                wrong("the vision engine's time", "vit_process times the vision engine apart, also over 10 runs"),
+            ),
+        ),
+        Question(
+            "Which key of Qwen-VL-Chat's config.json gives the id of </img>?",
+            (
+                wrong("visual.image_end_id", "config.json has no such key: C12 is only partly confirmed"),
+                right(
+                    f"none: </img> is visual.image_start_id + 1 = {recorded_start() + 1}",
+                    "modeling_qwen.py and run.py both compute it as image_start_id + 1",
+                ),
+                wrong("image_end_id, beside vocab_size", "the only image id in config.json is visual.image_start_id"),
+            ),
+        ),
+    )
+
+
+def recorded_start() -> int:
+    """Qwen-VL-Chat's visual.image_start_id, as this package's copy of its config.json holds it."""
+    return QWenVLConfig().visual["image_start_id"]

@@ -1,12 +1,15 @@
 """Exercises of notebook 08 (troubleshooting): the executor's table row, a tensor-parallel rank's empty table, extra
-ids for KV-cache reuse."""
+ids for KV-cache reuse; and its self-check."""
 
 import numbers
 
 import torch
 
+from ..limits import BuildConfig
+from ..modeling import QWenVLConfig
 from ..tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 from . import exercise
+from .selfcheck import Question, right, wrong
 
 NOT_ATTEMPTED = "not attempted yet — the function returns None (or raises NotImplementedError): write its body"
 V = MODEL_VOCAB_SIZE
@@ -144,3 +147,58 @@ def extra_ids(function):
         if len(set(firsts)) != len(firsts):
             return "two different pictures share an extra id: the cache would give one the other's keys and values"
     return None
+
+
+def SELF_CHECK():
+    """Notebook 08's self-check: the right options computed from the build limits and the model's config."""
+    readme = BuildConfig(max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_prompt_embedding_table_size=2048)
+    block, hidden = readme.rows_per_request, QWenVLConfig().hidden_size
+    return (
+        Question(
+            "An engine was built without --max_prompt_embedding_table_size. What does TensorRT-LLM's Python "
+            "ModelRunner do with the prompt table you pass?",
+            (
+                wrong("it raises an error that names the flag", "that is this package's check; TensorRT-LLM is silent"),
+                right("it drops it without a word", "_prepare_ptuning returns {} when the table size is 0 (#1300)"),
+                wrong("it grows the engine's table to fit", "the table's rows are fixed when the engine is built"),
+            ),
+        ),
+        Question(
+            "TensorRT-LLM's README build (2048 rows, max_batch_size 8), the C++ executor: the request at position 1 "
+            "of the step's batch has one picture. Which row does its first fake id read?",
+            (
+                wrong("0", "that is the row in its own table; the runtime copies that table to the request's block"),
+                right(str(block), f"position 1 × the block, 2048 / 8 = {block} rows, whatever prompt_vocab_size says"),
+                wrong(str(2 * block), "that is where run.py's numbering (ids counting on over the batch) ends up"),
+                wrong(str(V), "that is the fake id itself; rows are counted from the table's start"),
+            ),
+        ),
+        Question(
+            "A tp_size 2 engine is started with plain `python run.py`. What happens?",
+            (
+                right(
+                    "run.py stops: the engine's world size is 2, the runtime's 1",
+                    "its assert; launch one process per rank with mpirun -n 2",
+                ),
+                wrong("it runs on one GPU, more slowly", "each rank's engine holds only half of every layer"),
+                wrong("it starts a second process by itself", "processes are started by mpirun, not by the runtime"),
+            ),
+        ),
+        Question(
+            "On 2 GPUs, how wide is the empty prompt table each rank of Qwen-VL-Chat's engine needs for a request "
+            "without pictures?",
+            (
+                wrong(str(hidden // 2), "one rank's share of the hidden size: the bug PR #2470 fixed"),
+                right(str(hidden), "the model's full hidden size: every rank takes the table whole"),
+                wrong("0", "the engine input still needs one row of the right width"),
+            ),
+        ),
+        Question(
+            "KV-cache reuse with prompt tables: two requests show the same picture. What must their extra ids be?",
+            (
+                wrong("different, one per request", "safe, but then the cache is never reused for that picture"),
+                right("the same id above 0 on its fake ids, 0 on text", "TensorRT-LLM's kv-cache-reuse guide"),
+                wrong("0 everywhere", "then different pictures with the same fake ids would share cache blocks"),
+            ),
+        ),
+    )
