@@ -16,6 +16,12 @@ QWEN_VL_FILES = "x1ngzai/Qwen-VL-Chat-Int4@1cd721a2"  # a copy of Hugging Face's
 SOURCE_PART = re.compile(r"[\w.-]+/[\w.-]+@[0-9a-f]{8} [\w./-]+(, [\w./-]+)*")
 
 
+def check_verdict(verdict: str, where: str = "") -> None:
+    """Raise unless `verdict` is one of VERDICTS (`where` starts the message)."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"{where}verdict must be one of {VERDICTS}, got {verdict!r}")
+
+
 @dataclass(frozen=True)
 class Claim:
     """One claim of the two articles, in our words: what is known, the evidence that settles it, and its verdict.
@@ -33,8 +39,7 @@ class Claim:
     verdict: str
 
     def __post_init__(self):
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"{self.id}: verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        check_verdict(self.verdict, f"{self.id}: ")
         kind, _, detail = self.evidence.partition(": ")
         if kind not in EVIDENCE_KINDS or not detail:
             raise ValueError(

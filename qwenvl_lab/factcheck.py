@@ -35,7 +35,7 @@ from .bench import (
 )
 from .chat import ModelAsRunner, answer_text, make_prompt
 from .checkpoint import load_checkpoint, load_config
-from .claims import VERDICTS, Claim, claims_table, recorded
+from .claims import Claim, check_verdict, claims_table, recorded
 from .img_pos import as_batch, locate_img_pos
 from .limits import dtype_name
 from .prompt_table import prompt_tuning_embedding, single_table_batch
@@ -55,8 +55,7 @@ class Verdict:
     evidence: str
 
     def __post_init__(self):
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        check_verdict(self.verdict)
 
 
 def verdict(claim: str, holds: bool, evidence: str, sourced: bool = True) -> Verdict:
