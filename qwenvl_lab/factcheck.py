@@ -1,8 +1,11 @@
-"""Fact checks — the measurements notebooks 07 and 08 settle the articles' claims with (docs/articles.md).
+"""Fact checks — the articles' claims (`CLAIMS`, docs/articles.md's table) and the measurements notebooks 07 and 08
+settle them with.
 
-Each function measures something on this machine (shapes through a vision tower, a process's memory, timings, the
-course model's answers) or turns measured numbers into a verdict, so that no verdict is typed by hand.
+Each claim records the one kind of evidence that settles it: a measurement on code or hardware this project did not
+write (PyTorch, transformers, the CPU or GPU), the upstream source lines notebook 07 quotes, or "not checkable here".
+A verdict that rests on a measurement is recomputed in notebook 07 and must agree with the recorded one (`settle`).
 
+    python -m qwenvl_lab.factcheck table                             # docs/articles.md's claims table (Markdown)
     python -m qwenvl_lab.factcheck memory float16 data/toy-qwen-vl   # one memory measurement (JSON), a fresh process
 """
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .bench import (
@@ -31,29 +35,27 @@ from .bench import (
 )
 from .chat import ModelAsRunner, answer_text, make_prompt
 from .checkpoint import load_checkpoint, load_config
+from .claims import Claim, check_verdict, claims_table, recorded
 from .img_pos import as_batch, locate_img_pos
-from .injection import masked_scatter_images, overwrite_image_spans
 from .limits import dtype_name
 from .prompt_table import prompt_tuning_embedding, single_table_batch
 from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy.shapes import answer_matches
 from .vision import VisionTransformer
 
-VERDICTS = ("confirmed", "partly confirmed", "corrected", "not reproduced", "no source")
 CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One claim settled: its id ("C6"), the verdict (one of VERDICTS) and the measured evidence in words."""
+    """A verdict computed from a measurement: the claim's id ("C5"), the verdict (one of VERDICTS), what was measured."""
 
     claim: str
     verdict: str
     evidence: str
 
     def __post_init__(self):
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        check_verdict(self.verdict)
 
 
 def verdict(claim: str, holds: bool, evidence: str, sourced: bool = True) -> Verdict:
@@ -62,11 +64,6 @@ def verdict(claim: str, holds: bool, evidence: str, sourced: bool = True) -> Ver
     if not isinstance(holds, (bool, np.bool_)):
         raise TypeError(f"holds must be the bool a measurement gave, got {type(holds).__name__}")
     return Verdict(claim, "confirmed" if holds else "corrected" if sourced else "not reproduced", evidence)
-
-
-def unmeasurable(claim: str, evidence: str) -> Verdict:
-    """'no source' for a figure nothing here can measure; `evidence` says what was measured instead."""
-    return Verdict(claim, "no source", evidence)
 
 
 def verdict_range(claim: str, low: float, high: float, measured: dict, what: str) -> Verdict:
@@ -83,35 +80,18 @@ def verdict_range(claim: str, low: float, high: float, measured: dict, what: str
     return Verdict(claim, label, f"measured {values}{where}")
 
 
-def verdict_speedup(claim: str, claimed: float, seconds: dict, subject: str) -> Verdict:
-    """A figure 'subject is `claimed`× faster than the other methods' (no source) against measured seconds per method:
-    confirmed when it is at least that much faster than every other; the evidence says which it was slower than."""
-    if subject not in seconds or len(seconds) < 2 or any(not s > 0 for s in seconds.values()):
+def settle(result: Verdict) -> Claim:
+    """The recorded claim a measurement settles, once the measured verdict is the recorded one (else ValueError: the
+    measurement no longer supports what docs/articles.md states)."""
+    claim = recorded(result.claim)
+    if claim.kind != "measured":
+        raise ValueError(f"{claim.id} rests on {claim.kind} evidence, not on a measurement: show its source instead")
+    if result.verdict != claim.verdict:
         raise ValueError(
-            f"seconds must hold positive times for {subject!r} and at least one other method, got {seconds!r}"
+            f"{claim.id}: the measurement gives '{result.verdict}' ({result.evidence}) but docs/articles.md records "
+            f"'{claim.verdict}': look at the measurement, then correct factcheck.CLAIMS and the docs together"
         )
-    ratios = {name: s / seconds[subject] for name, s in seconds.items() if name != subject}  # > 1: subject faster
-    slower = [name for name, r in ratios.items() if r < 1]
-    times = ", ".join(f"{name} {s * 1e6:.0f} µs" for name, s in seconds.items())
-    plain = (
-        f"; the {subject} measured slower than {' and '.join(slower)}"
-        if slower
-        else f"; the {subject} was {min(ratios.values()):.1f}× as fast as the fastest other"
-    )
-    return verdict(claim, min(ratios.values()) >= claimed, f"{times}{plain}", sourced=False)
-
-
-def verdict_tradeoff(
-    claim: str, saving: float, loss: float, claimed_saving: float, claimed_loss: float, evidence: str
-) -> Verdict:
-    """A figure 'saves at least claimed_saving for less than claimed_loss' (no source) against a measured saving and
-    loss (fractions; a loss > 0 is worse)."""
-    return verdict(
-        claim,
-        saving >= claimed_saving and loss < claimed_loss,
-        f"{evidence}: {saving:.0%} saved, accuracy {-loss:+.1%}",
-        sourced=False,
-    )
+    return claim
 
 
 def meta_tower(visual_config: dict) -> VisionTransformer:
@@ -147,27 +127,75 @@ def tower_shapes(tower: VisionTransformer, pixels: torch.Tensor) -> dict:
     }
 
 
-def injection_times(model, input_ids, input_vit: torch.Tensor, runs: int = 5, length: int = 20) -> tuple[dict, bool]:
-    """Seconds per call of three ways to put the pictures' features in (the prompt-table lookup, Qwen-VL's overwrite
-    of the hidden states, masked_scatter over <imgpad> placeholders), each the fastest run's mean of `length` calls,
-    and whether all three gave identical embeddings. input_ids: chat ids whose image spans hold the paths."""
-    input_ids = as_batch(input_ids)  # [B, L]
-    vocab_size, wte = model.config.vocab_size, model.transformer.wte
+def gather_seconds(table_rows, ids: int = IMG_TOKEN_SPAN, hidden: int = 128, runs: int = 5, length: int = 50) -> dict:
+    """Seconds per call of PyTorch's embedding gather of `ids` consecutive rows (the table's last block, where a
+    request's rows would sit) from a random table of each size in `table_rows`: {rows: the fastest run's mean}."""
+    seconds = {}
+    with torch.inference_mode():
+        for rows in table_rows:
+            if rows < ids:
+                raise ValueError(f"a table of {rows} rows cannot hold a block of {ids} ids")
+            table = torch.randn(rows, hidden)  # [rows, H]
+            block = torch.arange(rows - ids, rows)  # [ids]
+            seconds[rows] = timed_runs(lambda b=block, t=table: F.embedding(b, t), runs, length, CPU)[0]
+    return seconds
+
+
+def bare_injections(model, input_ids, input_vit: torch.Tensor) -> dict:
+    """Three ways to put the pictures' features into the embeddings, each as the bare PyTorch operations its runtime
+    runs on every forward (no checks), from the ids that runtime receives: {name: call returning [B, L, H]}.
+
+    - TensorRT-LLM's PromptTuningEmbedding formula, from fake ids: a mask of ids >= vocab_size, two gathers, a where;
+    - Qwen-VL's forward: embed the ids, find <img>/</img>, overwrite the rows between them;
+    - HF transformers / vLLM: embed <imgpad> placeholders, masked_scatter the features into them.
+    """
+    input_ids = as_batch(input_ids)  # [B, L] chat ids whose image spans hold the paths
+    vocab_size, wte = model.config.vocab_size, model.transformer.wte.weight  # wte: [V, H]
     fake_ids, table, tasks, task_vocab_size = single_table_batch(input_ids, input_vit, vocab_size)
     padded = input_ids.clone()
     for i, a, b in locate_img_pos(input_ids).tolist():
         padded[i, a + 1 : b] = IMAGE_PAD_ID
-    ways = {
-        "prompt-table lookup": lambda: prompt_tuning_embedding(
-            fake_ids, wte.weight, table, tasks, task_vocab_size, vocab_size
+    features = input_vit.reshape(-1, input_vit.shape[-1])  # [N·256, H]
+    offsets = (tasks * task_vocab_size)[:, None]  # [B, 1]
+
+    def lookup():
+        prompt = fake_ids > vocab_size - 1  # [B, L]
+        normal = F.embedding(torch.where(prompt, vocab_size - 1, fake_ids), wte)
+        rows = F.embedding(torch.where(prompt, fake_ids - vocab_size, 0) + offsets, table)
+        return torch.where(prompt[..., None], rows, normal)
+
+    def overwrite():
+        hidden = F.embedding(input_ids, wte)
+        starts, ends = torch.where(input_ids == IMAGE_START_ID), torch.where(input_ids == IMAGE_START_ID + 1)
+        for k, (i, a, b) in enumerate(zip(starts[0].tolist(), starts[1].tolist(), ends[1].tolist())):
+            hidden[i, a + 1 : b] = input_vit[k]
+        return hidden
+
+    def scatter():
+        hidden = F.embedding(padded, wte)
+        return hidden.masked_scatter((padded == IMAGE_PAD_ID)[..., None].expand_as(hidden), features)
+
+    return {"prompt-table lookup": lookup, "overwrite (Qwen-VL)": overwrite, "masked_scatter (HF, vLLM)": scatter}
+
+
+def injection_times(model, input_ids, input_vit: torch.Tensor, runs: int = 5, length: int = 20) -> tuple[dict, bool]:
+    """Seconds per call of the three bare injections (`bare_injections`), of the vocabulary gather alone they all
+    start with, and of this package's `prompt_tuning_embedding` with its checks (bounds, NaN and inf, dtypes): each
+    the fastest run's mean of `length` calls; and whether all give identical embeddings."""
+    ways = bare_injections(model, input_ids, input_vit)
+    vocab_size, wte = model.config.vocab_size, model.transformer.wte.weight
+    fake_ids, table, tasks, task_vocab_size = single_table_batch(as_batch(input_ids), input_vit, vocab_size)
+    checked = {
+        "vocabulary gather alone": lambda: F.embedding(as_batch(input_ids), wte),
+        "prompt_tuning_embedding (with checks)": lambda: prompt_tuning_embedding(
+            fake_ids, wte, table, tasks, task_vocab_size, vocab_size
         ),
-        "overwrite (Qwen-VL)": lambda: overwrite_image_spans(wte(input_ids), locate_img_pos(input_ids), input_vit),
-        "masked_scatter": lambda: masked_scatter_images(wte(padded), padded, input_vit),
     }
     with torch.inference_mode():
-        results = [way() for way in ways.values()]
+        results = [way() for way in [*ways.values(), checked["prompt_tuning_embedding (with checks)"]]]
         identical = all(torch.equal(results[0], other) for other in results[1:])
-        return {name: timed_runs(way, runs, length, CPU)[0] for name, way in ways.items()}, identical
+        seconds = {name: timed_runs(way, runs, length, CPU)[0] for name, way in {**ways, **checked}.items()}
+    return seconds, identical
 
 
 def engine_throughput(runner, model, batches=(1, 4), new_tokens: int = 12, repeats: int = 2, seed: int = 0) -> dict:
@@ -339,10 +367,14 @@ def memory_by_dtype(dtypes, checkpoint) -> dict:
 
 
 def main(argv=None) -> None:
-    """`memory DTYPE CHECKPOINT`: print loaded_memory's JSON (what memory_by_dtype runs in each fresh process)."""
+    """`table`: print docs/articles.md's claims table; `memory DTYPE CHECKPOINT`: print loaded_memory's JSON (what
+    memory_by_dtype runs in each fresh process)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["table"]:
+        print(claims_table())
+        return
     if len(argv) != 3 or argv[0] != "memory":
-        raise SystemExit("usage: python -m qwenvl_lab.factcheck memory DTYPE CHECKPOINT")
+        raise SystemExit("usage: python -m qwenvl_lab.factcheck table | memory DTYPE CHECKPOINT")
     torch.set_num_threads(1)
     print(json.dumps(loaded_memory(dtype_name(argv[1]), argv[2])))
 

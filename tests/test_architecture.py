@@ -9,12 +9,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 
 # lowest first; a module imports from lower layers and, inside a subpackage, from its own subpackage (without cycles)
 LAYERS = [
-    ["files", "resources"],
+    ["files", "resources", "claims"],
     ["tokenizing"],
     ["img_pos"],
     ["fake_ids"],
     ["prompt_table"],
-    ["vision", "injection", "layout"],
+    ["vision", "injection", "layout", "clip"],
     ["modeling", "grounding"],
     ["checkpoint"],
     ["unified_checkpoint", "limits"],

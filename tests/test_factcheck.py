@@ -1,5 +1,6 @@
-"""The fact checks' measurements and verdicts: shapes from a real or meta forward pass, pooling, answers with any
-number of rows per picture, timings of the three injections, INT8 rounding, feature drift, memory per dtype."""
+"""The fact checks' measurements and verdicts: measured verdicts held to the recorded ones, shapes from a real or meta
+forward pass, pooling, answers with any number of rows per picture, like-for-like timings of the three injections and
+of the gather, INT8 rounding, feature drift, memory per dtype."""
 
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import torch
 from qwenvl_lab import factcheck as fc
 from qwenvl_lab.chat import ModelAsRunner, ask_batch, make_prompt
 from qwenvl_lab.engine import BuildConfig, ModelRunner
+from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.modeling import QWEN_VL_CHAT_VISUAL
 from qwenvl_lab.resources import images_dir
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_START_ID, MODEL_VOCAB_SIZE
@@ -30,7 +32,6 @@ def test_verdict_labels_come_from_the_measurement():
     assert fc.verdict("C2", False, "e").verdict == "corrected"
     assert fc.verdict("C9", np.float64(0.5) > 0.3, "e").verdict == "confirmed"  # numpy's bool, from pandas values
     assert fc.verdict("C6", False, "e", sourced=False).verdict == "not reproduced"
-    assert fc.unmeasurable("C7", "toy accuracy instead").verdict == "no source"
     with pytest.raises(TypeError, match="bool"):
         fc.verdict("C2", "yes", "e")  # a typed string is not a measurement
     with pytest.raises(ValueError, match="verdict must be one of"):
@@ -50,24 +51,14 @@ def test_verdict_range_counts_the_settings_inside():
         fc.verdict_range("C8", 5, 3, {2: 4.0}, "batch")
 
 
-def test_verdict_speedup_says_plainly_when_the_subject_was_slower():
-    slower = fc.verdict_speedup("C6", 1.8, {"lookup": 70e-6, "overwrite": 34e-6, "scatter": 48e-6}, "lookup")
-    assert slower.verdict == "not reproduced"
-    assert "lookup measured slower than overwrite and scatter" in slower.evidence and "70 µs" in slower.evidence
-    faster = fc.verdict_speedup("C6", 1.8, {"lookup": 10e-6, "overwrite": 20e-6, "scatter": 19e-6}, "lookup")
-    assert faster.verdict == "confirmed" and "1.9× as fast" in faster.evidence
-    not_enough = fc.verdict_speedup("C6", 1.8, {"lookup": 10e-6, "overwrite": 15e-6}, "lookup")
-    assert not_enough.verdict == "not reproduced" and "slower" not in not_enough.evidence
-    for bad in ({"lookup": 1.0}, {"overwrite": 1.0, "scatter": 2.0}, {"lookup": 0.0, "overwrite": 1.0}):
-        with pytest.raises(ValueError):
-            fc.verdict_speedup("C6", 1.8, bad, "lookup")
-
-
-def test_verdict_tradeoff_needs_both_the_saving_and_the_small_loss():
-    assert fc.verdict_tradeoff("C9", 0.66, 0.0, 0.30, 0.02, "toy").verdict == "confirmed"
-    lost = fc.verdict_tradeoff("C9", 0.66, 0.04, 0.30, 0.02, "toy")
-    assert lost.verdict == "not reproduced" and "66% saved, accuracy -4.0%" in lost.evidence
-    assert fc.verdict_tradeoff("C9", 0.20, 0.0, 0.30, 0.02, "toy").verdict == "not reproduced"
+def test_settle_holds_a_measured_verdict_to_the_recorded_one():
+    assert fc.settle(fc.verdict("C5", True, "flat")).id == "C5"  # recorded: confirmed, measured
+    with pytest.raises(ValueError, match="records 'confirmed'"):
+        fc.settle(fc.verdict("C5", False, "grows with the table"))
+    with pytest.raises(ValueError, match="rests on source evidence"):
+        fc.settle(fc.verdict("C12", True, "a measurement of a source claim"))
+    with pytest.raises(KeyError):
+        fc.settle(fc.verdict("C99", True, "no such claim"))
 
 
 def test_meta_tower_traces_qwen_vl_chat_shapes_without_memory():
@@ -169,13 +160,26 @@ def test_feature_drift_measures_the_distance():
         fc.feature_drift(a, a[:1])
 
 
-def test_injection_times_three_identical_ways(tiny_model, tokenizer, image_files):
-    ids = make_prompt(tokenizer, "What is it?", [str(image_files["red"])])[1]
-    input_vit = torch.randn(1, 256, tiny_model.config.hidden_size)
-    seconds, identical = fc.injection_times(tiny_model, torch.tensor(ids), input_vit, runs=2, length=3)
+def test_the_bare_injections_and_the_checked_lookup_give_identical_embeddings(tiny_model, tokenizer, image_files):
+    ids = torch.tensor([make_prompt(tokenizer, "What is it?", [str(image_files["red"]), str(image_files["noise"])])[1]])
+    input_vit = torch.randn(2, 256, tiny_model.config.hidden_size)
+    ways = fc.bare_injections(tiny_model, ids, input_vit)
+    embeddings = {name: way() for name, way in ways.items()}
+    (_, a, b), _ = locate_img_pos(ids).tolist()
+    for name, embedded in embeddings.items():
+        assert torch.equal(embedded[0, a + 1 : b], input_vit[0]), name  # the first picture's rows in its span
+        assert torch.equal(embedded[0, a], tiny_model.transformer.wte.weight[IMAGE_START_ID]), name  # the tag kept
+    seconds, identical = fc.injection_times(tiny_model, ids, input_vit, runs=2, length=3)
     assert identical
-    assert set(seconds) == {"prompt-table lookup", "overwrite (Qwen-VL)", "masked_scatter"}
+    assert set(seconds) == set(ways) | {"vocabulary gather alone", "prompt_tuning_embedding (with checks)"}
     assert all(s > 0 for s in seconds.values())
+
+
+def test_gather_seconds_times_one_block_per_table():
+    seconds = fc.gather_seconds([256, 1024], ids=256, hidden=8, runs=2, length=3)
+    assert set(seconds) == {256, 1024} and all(s > 0 for s in seconds.values())
+    with pytest.raises(ValueError, match="cannot hold a block"):
+        fc.gather_seconds([100], ids=256)
 
 
 def test_engine_throughput_and_prefill_are_positive(tiny_model, tokenizer):
@@ -208,4 +212,9 @@ def test_memory_by_dtype_refuses_bad_input_before_starting_processes(tmp_path, t
 
 def test_the_memory_child_needs_its_arguments():
     run = subprocess.run([sys.executable, "-m", "qwenvl_lab.factcheck", "memory"], capture_output=True, text=True)
-    assert run.returncode != 0 and "usage: python -m qwenvl_lab.factcheck memory DTYPE CHECKPOINT" in run.stderr
+    assert run.returncode != 0 and "usage: python -m qwenvl_lab.factcheck table | memory DTYPE CHECKPOINT" in run.stderr
+
+
+def test_the_table_command_prints_the_claims_table(capsys):
+    fc.main(["table"])
+    assert capsys.readouterr().out == fc.claims_table() + "\n"

@@ -1,14 +1,20 @@
-"""Notebook 07's exercises: reading the committed H200 run, the KV cache's size, the toy model's count accuracy."""
+"""Exercises of notebook 07 (performance and fact check): the committed H200 run, the KV cache's size, CLIP's logits;
+and its self-check."""
 
 import json
+import numbers
 
+import torch
+
+from ..claims import CLAIMS
+from ..clip import small_clip, what_clip_does
 from ..modeling import QWenVLConfig
 from ..resources import data_dir
-from ..tokenizing import load_tokenizer
-from ..toy import load_course_model
-from ..toy.evaluate import evaluate
-from ..toy.shapes import make_dataset
 from . import exercise
+from .selfcheck import Question, right, wrong
+
+NOT_ATTEMPTED = "not attempted yet — the function returns None (or raises NotImplementedError): write its body"
+CLIP_SEEDS = (1, 2)  # exercise 07.3: the random CLIPs a learner's function is checked on
 
 
 def _h200(method: str, batch: int) -> dict:
@@ -18,7 +24,10 @@ def _h200(method: str, batch: int) -> dict:
 
 
 def _number(answer) -> float | None:
-    return float(answer) if isinstance(answer, (int, float)) and not isinstance(answer, bool) else None
+    """A real number (Python's or numpy's, a one-element tensor), or None for anything else."""
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.dtype.is_complex:
+        answer = answer.item()
+    return float(answer) if isinstance(answer, numbers.Real) and not isinstance(answer, bool) else None
 
 
 @exercise("07.1", "how many times eager's decode speed the qwenvl_lab engine reaches at batch 4 on the H200")
@@ -30,6 +39,8 @@ def engine_over_eager(answer):
     expected = _h200("engine", 4)["decode_tokens_per_s"] / _h200("eager", 4)["decode_tokens_per_s"]
     if abs(value - 1 / expected) < 0.01:
         return "that is eager over the engine: divide the other way round"
+    if abs(value - _h200("engine", 4)["throughput_vs_batch1"]) < 0.01:
+        return "that compares the engine with itself at batch 1: compare it with eager, both at batch 4"
     if abs(value - expected) >= 0.01:
         return "take decode_tokens_per_s of both methods in the rows whose batch is 4"
     return None
@@ -38,26 +49,140 @@ def engine_over_eager(answer):
 @exercise("07.2", "bytes of Qwen-VL-Chat's float16 KV cache for 4 requests of up to 2048 tokens")
 def kv_cache_bytes(answer):
     """2 (K and V) × layers × requests × tokens × hidden × 2 bytes."""
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return "give a whole number of bytes"
-    config = QWenVLConfig()
-    numbers = 2 * config.num_hidden_layers * 4 * 2048 * config.hidden_size  # K and V of every layer, request, token
-    if answer == numbers:  # K or V alone in float16, or both at one byte a number
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.dtype.is_floating_point:
+        answer = answer.item()
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
+        return "give a whole number of bytes (an int)"
+    answer, config = int(answer), QWenVLConfig()
+    values = 2 * config.num_hidden_layers * 4 * 2048 * config.hidden_size  # K and V of every layer, request, token
+    if answer == values:  # K or V alone in float16, or both at one byte a number
         return "that is half of it: keys and values both, at 2 bytes a float16 number"
-    if answer != 2 * numbers:
+    if answer == 2 * values * 2:
+        return "that is float32's size: float16 takes 2 bytes a number"
+    if answer == 2 * values // 4:
+        return "that is one request's cache: the question asks for 4"
+    if answer != 2 * values:
         return "count K and V, for every layer, every request and every token, hidden_size numbers each, 2 bytes each"
     return None
 
 
-@exercise("07.3", "the toy model's accuracy on 24 held-out count questions")
-def count_accuracy(answer):
-    """evaluate(...)['overall'] on make_dataset(1, 24, kinds=("count",))."""
-    value = _number(answer)
-    if value is None or not 0 <= value <= 1:
-        return "give the accuracy as a number between 0 and 1"
-    expected = evaluate(load_course_model(), load_tokenizer(), examples=make_dataset(1, 24, kinds=("count",)))[
-        "overall"
-    ]
-    if abs(value - expected) > 1e-9:
-        return "pass make_dataset(1, 24, kinds=('count',)) as examples and read the 'overall' entry"
+def _clip_hint(result, model, input_ids, pixel_values) -> str | None:
+    """None when `result` is CLIPModel's logits_per_image for these inputs, else what it looks like instead."""
+    if not isinstance(result, torch.Tensor):
+        return f"return a torch.Tensor [pictures, texts], got {type(result).__name__}"
+    with torch.inference_mode():
+        out = model(input_ids=input_ids, pixel_values=pixel_values)
+        images = model.get_image_features(pixel_values=pixel_values).pooler_output  # [N, P]
+        texts = model.get_text_features(input_ids=input_ids).pooler_output  # [T, P]
+        expected, log_scale = out.logits_per_image, model.logit_scale.detach().clone()  # [N, T]
+        cosine = out.image_embeds @ out.text_embeds.T  # the embeds come normalised
+        unnormalised = log_scale.exp() * images @ texts.T
+    result = result.detach().float()
+    if result.shape == expected.T.shape and result.shape != expected.shape:
+        return "rows are pictures and columns texts: this has them the other way round"
+    if result.shape != expected.shape:
+        return f"expected one logit per picture and text, a [{expected.shape[0]}, {expected.shape[1]}] tensor"
+    if torch.allclose(result, cosine, atol=1e-4):
+        return "that is the cosine alone: CLIP multiplies it by its learned temperature, logit_scale"
+    if torch.allclose(result, log_scale * cosine, atol=1e-4):
+        return "logit_scale is stored as a logarithm: multiply by its exp()"
+    if torch.allclose(result, unnormalised, atol=1e-3):
+        return "normalise each projection to length 1 before the dot product"
+    if not torch.allclose(result, expected, atol=1e-4):
+        return "each logit is scale × the cosine of one picture's and one text's projection, from the two towers apart"
     return None
+
+
+@exercise("07.3", "CLIP's logits_per_image from its two towers, computed apart")
+def clip_logits(function):
+    """function(model, input_ids, pixel_values) -> [pictures, texts], equal to CLIPModel's logits_per_image."""
+    if not callable(function):
+        return "give a function (model, input_ids, pixel_values) -> logits [pictures, texts]"
+    for seed in CLIP_SEEDS:
+        clip = small_clip(seed, texts=3, images=2)
+        try:
+            result = function(clip.model, clip.input_ids.clone(), clip.pixel_values.clone())
+        except NotImplementedError:
+            return NOT_ATTEMPTED
+        if result is None:
+            return NOT_ATTEMPTED
+        hint = _clip_hint(result, clip.model, clip.input_ids, clip.pixel_values)
+        if hint is not None:
+            return hint
+    return None
+
+
+def SELF_CHECK():
+    """Notebook 07's self-check: the right options computed from the records and the measurements where they can be."""
+    seen = what_clip_does(0)
+    apart = seen["text ignores the picture"] and seen["picture ignores the text"]
+    return (
+        Question(
+            "Which of these is evidence, in this course's sense, for a claim about TensorRT-LLM?",
+            (
+                wrong(
+                    "this package's engine refuses a 768-row table when built for 512 rows",
+                    "this package refusing its own input is a demonstration of the rule, never evidence for TensorRT-LLM",
+                ),
+                right(
+                    "run.py's lines, quoted with repository, path and commit",
+                    f"upstream source, like the {sum(c.kind == 'source' for c in CLAIMS)} claims settled that way",
+                ),
+                wrong(
+                    "a second article that gives the same figure",
+                    "an article repeating a figure is not its source: 1.8× and 92% stay not checkable",
+                ),
+                wrong(
+                    "the notebook printing 'confirmed'",
+                    "a printed verdict is only as good as the measurement or the lines it was settled by",
+                ),
+            ),
+        ),
+        Question(
+            "What does transformers' CLIPModel compute from texts and pictures?",
+            (
+                wrong(
+                    "one sequence of text tokens and patches through one transformer",
+                    "that is 'concatenate, then process'; measured, each tower ignores the other's input",
+                ),
+                right(
+                    "two pooled projections, computed apart, and the scaled cosine between them",
+                    f"measured: the towers apart ({apart}) and logits = scale × cosine "
+                    f"({seen['logits = scale × cosine']})",
+                ),
+                wrong(
+                    "text embeddings in which the picture's patch features replace some tokens",
+                    "that is the prompt table's way (Qwen-VL), not CLIP's",
+                ),
+                wrong(
+                    "the text tower reads the patches through cross-attention",
+                    "no layer of CLIP sees both inputs: the text embeddings are identical whatever the picture",
+                ),
+            ),
+        ),
+        Question(
+            "What is run.py's infer_time, the second value generate_for_qwenvl returns?",
+            (
+                wrong("the time of one decode step", "it times whole generations, setup included"),
+                wrong("the time to the first token", "it stops the clock after the last decode step"),
+                right("the mean of 10 whole generations of the same answer", "run_time = 10, divided out at the end"),
+                wrong("the vision engine's time", "vit_process times the vision engine apart, also over 10 runs"),
+            ),
+        ),
+        Question(
+            "Which key of Qwen-VL-Chat's config.json gives the id of </img>?",
+            (
+                wrong("visual.image_end_id", "config.json has no such key: C12 is only partly confirmed"),
+                right(
+                    f"none: </img> is visual.image_start_id + 1 = {recorded_start() + 1}",
+                    "modeling_qwen.py and run.py both compute it as image_start_id + 1",
+                ),
+                wrong("image_end_id, beside vocab_size", "the only image id in config.json is visual.image_start_id"),
+            ),
+        ),
+    )
+
+
+def recorded_start() -> int:
+    """Qwen-VL-Chat's visual.image_start_id, as this package's copy of its config.json holds it."""
+    return QWenVLConfig().visual["image_start_id"]
