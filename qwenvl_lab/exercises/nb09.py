@@ -196,3 +196,73 @@ def check_vision_end_position(answer):
             first: "that is where the picture's grid starts; the grid spans 8 rows and 8 columns",
         },
     )
+
+
+def SELF_CHECK():
+    """Notebook 09's self-check; the span length is measured with transformers' image processor."""
+    from transformers import Qwen2VLConfig
+
+    from .selfcheck import Question, right, wrong
+
+    grid = image_inputs([Image.new("RGB", (640, 360))])["image_grid_thw"][0]
+    tokens, patches = image_token_count(grid), int(grid.prod())
+    config = Qwen2VLConfig()
+    return [
+        Question(
+            "Every image position of a request holds the same sentinel, vocab_size + 1. How does TensorRT-LLM's "
+            "`fuse_input_embeds` decide which feature row goes where?",
+            (
+                right("by order: the k-th multimodal position takes the k-th row", "the id only marks the position"),
+                wrong("by the id minus vocab_size, as in the prompt table", "every position has the same id here"),
+                wrong("by `tasks` and `task_vocab_size`", "those belong to the prompt table; this merge has no table"),
+                wrong("by a hash of the picture", "hashes key the KV cache; the rows go in order"),
+            ),
+        ),
+        Question(
+            "How many `<|image_pad|>` ids does Qwen2-VL's prompt hold for a 640 × 360 picture?",
+            (
+                wrong("256", "that is Qwen-VL's fixed span; Qwen2-VL's follows the picture"),
+                right(str(tokens), f"{tuple(grid.tolist())}: {patches} patches, merged 2 × 2"),
+                wrong(str(patches), "that is the 14 × 14 patches before the 2 × 2 merge"),
+                wrong(str(tokens + 2), "that counts <|vision_start|> and <|vision_end|> too"),
+            ),
+        ),
+        Question(
+            "Which model's numbering does article 1's example sequence `[151652, 151653, …]` follow?",
+            (
+                right(
+                    "Qwen2-VL's: 151652 is its `vision_start_token_id`",
+                    f"Qwen2VLConfig: vision_start_token_id {config.vision_start_token_id}",
+                ),
+                wrong("Qwen-VL's: 151652 is `<img>`", "Qwen-VL's <img> is 151857; 151652 is its unused <|extra_6|>"),
+                wrong("neither: they are fake ids from 151643", "fake ids start at the model's vocab_size, 151936"),
+            ),
+        ),
+        Question(
+            "Where does Qwen2-VL's prompt keep the picture's path?",
+            (
+                wrong("as bytes between the vision tags", "that is Qwen-VL's <img>path</img> span"),
+                right(
+                    "nowhere: the picture travels beside the ids, as pixel_values with its image_grid_thw",
+                    "the ids hold only placeholders",
+                ),
+                wrong(
+                    "in the embedding row of <|image_pad|>",
+                    "that row is overwritten by the merge, and is the same for every picture",
+                ),
+            ),
+        ),
+        Question(
+            "Two in-flight requests ask about different pictures. Why does KV-cache reuse need "
+            "`input_token_extra_ids` with the prompt table?",
+            (
+                right(
+                    "their fake ids are the same (each request's start at vocab_size), so ids alone cannot tell "
+                    "the pictures apart",
+                    "extra ids > 0, one per table, make the keys differ",
+                ),
+                wrong("fake ids are too large for the cache", "the cache stores keys and values, not ids' rows"),
+                wrong("the table is stored in the cache", "the table is an input; the cache holds attention's keys"),
+            ),
+        ),
+    ]
