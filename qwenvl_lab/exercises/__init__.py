@@ -9,7 +9,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb09")  # the modules that register exercises
+# the modules that register exercises
+NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb09")
 
 
 @dataclass(frozen=True)
