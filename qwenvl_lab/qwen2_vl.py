@@ -6,12 +6,15 @@ class and method names are those of transformers 5.24 (`transformers/models/qwen
 `Qwen2VLImageProcessor` falls back to `Qwen2VLImageProcessorPil`, which is named here directly.
 """
 
+import os
 from functools import lru_cache
 
 import torch
+from PIL import Image
 
 from .img_pos import as_batch, check_int
 from .tokenizing import IM_END_ID, IM_START_ID, QWenTokenizer, make_context
+from .vision import load_image
 
 # Qwen2-VL's special ids (they follow the 151,643 BPE ranks, like Qwen-VL's); tests/test_qwen2_vl.py checks the ones
 # transformers' Qwen2VLConfig holds against its defaults. 151644 and the token strings are not in Qwen2VLConfig.
@@ -39,9 +42,9 @@ def image_processor():
 
 
 def image_inputs(pictures):
-    """transformers' `pixel_values` [patches, 1176] and `image_grid_thw` [N, 3] for PIL pictures (or paths)."""
-    from .vision import load_image
-
+    """transformers' `pixel_values` [patches, 1176] and `image_grid_thw` [N, 3] for pictures (PIL images or paths)."""
+    if isinstance(pictures, (str, os.PathLike, Image.Image)):
+        pictures = [pictures]
     pictures = [load_image(p) for p in pictures]
     if not pictures:
         raise ValueError("give at least one picture")

@@ -99,8 +99,6 @@ def test_the_prompt_is_chatml_with_a_vision_block_before_the_question(tokenizer)
         "<|im_start|>user\n<|vision_start|><|image_pad|>" in text and "<|vision_end|>图片里是什么？<|im_end|>" in text
     )
     assert qwen2_vl_decode(tokenizer, [151654, 9370]) == "<|id_151654|>" + tokenizer.decode([9370])
-    with pytest.raises(ValueError, match="image tokens must be an int >= 1"):
-        qwen2_vl_prompt(tokenizer, "?", [0])
 
 
 def four_ways(wte, qwen2_vl, ids, is_image, features):
@@ -185,9 +183,27 @@ def test_mrope_gives_image_tokens_a_grid_and_the_text_after_it_a_short_step(qwen
     assert int(delta) == 8 - 64  # the sequence is 56 positions shorter than it is long
 
 
-def test_transformers_refuses_more_features_than_placeholders(qwen2_vl):
-    ids = torch.tensor([[1, IMAGE_TOKEN_ID, IMAGE_TOKEN_ID, 2]])
-    with pytest.raises(Exception, match="Image features and image tokens do not match"):
-        merged_input_embeds(qwen2_vl, ids, [torch.zeros(3, qwen2_vl.config.text_config.hidden_size)])
-    with pytest.raises(ValueError, match="vocab_embedding must be"):
-        tiny_qwen2_vl(torch.zeros(3))
+BAD_INPUT = [
+    (
+        lambda m, t: merged_input_embeds(m, [[1, IMAGE_TOKEN_ID, 2]], [torch.zeros(3, 128)]),
+        ValueError,
+        "Image features and image tokens do not match",
+    ),  # transformers' own check
+    (lambda m, t: tiny_qwen2_vl(torch.zeros(3)), ValueError, "vocab_embedding must be"),
+    (lambda m, t: qwen2_vl_prompt(t, "?", [0]), ValueError, "image tokens must be an int >= 1"),
+    (lambda m, t: qwen2_vl_prompt(t, 5, [4]), TypeError, "query must be a str"),
+    (lambda m, t: image_inputs([]), ValueError, "at least one picture"),
+    (lambda m, t: image_inputs(["no-such-picture.png"]), FileNotFoundError, "no-such-picture.png"),
+    (lambda m, t: image_token_count([16, 16]), ValueError, "grid_thw must be"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", BAD_INPUT)
+def test_bad_input_is_refused_with_what_to_do(call, error, message, qwen2_vl, tokenizer):
+    with pytest.raises(error, match=message):
+        call(qwen2_vl, tokenizer)
+
+
+def test_one_picture_needs_no_list():
+    picture = Image.new("RGB", (224, 224))
+    assert torch.equal(image_inputs(picture)["image_grid_thw"], image_inputs([picture])["image_grid_thw"])
