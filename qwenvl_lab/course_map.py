@@ -17,6 +17,7 @@ class Step:
     notebook: str
     x: float
     y: float
+    revisited: tuple[str, ...] = ()  # later notebooks that come back to this step (the full map names them too)
 
 
 def pipeline_steps(config, images: int = 1, prompt_len: int = 300) -> list[Step]:
@@ -35,7 +36,7 @@ def pipeline_steps(config, images: int = 1, prompt_len: int = 300) -> list[Step]
         Step("ids", "input_ids", f"[1, {prompt_len}]", "01", 1, 0),
         Step("img_pos", "img_pos", f"[{n}, 3]", "02", 2, 0),
         Step("fake_ids", "fake ids", f"{MODEL_VOCAB_SIZE} …", "03", 3, 0),
-        Step("lookup", "lookup", f"[1, {prompt_len}, {hidden}]", "04", 4, 0),
+        Step("lookup", "lookup", f"[1, {prompt_len}, {hidden}]", "04", 4, 0, revisited=("09",)),  # 09: today's engines
         Step("lm", "language model", f"{config.num_hidden_layers} layers", "05", 5, 0),
         Step("answer", "answer", "generate", "06", 6, 0),
     ]
@@ -63,15 +64,15 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     steps = {s.name: s for s in pipeline_steps(config, images, prompt_len)}
-    if here is not None and here not in {s.notebook for s in steps.values()}:
-        raise ValueError(
-            f"notebook {here!r} is not on the map; notebooks {sorted({s.notebook for s in steps.values()})}"
-        )
+    on_map = {n for s in steps.values() for n in (s.notebook, *s.revisited)}
+    if here is not None and here not in on_map:
+        raise ValueError(f"notebook {here!r} is not on the map; notebooks {sorted(on_map)}")
     width, height = (9.0, 1.9) if small else (13.0, 3.6)
     fig, ax = plt.subplots(figsize=(width, height))
     box_w, box_h = 0.84, 0.62
     for s in steps.values():
-        color = HERE_COLOR if s.notebook == here else BOX_COLOR
+        mine = here in (s.notebook, *s.revisited)
+        color = HERE_COLOR if mine else BOX_COLOR
         ax.add_patch(
             FancyBboxPatch(
                 (s.x - box_w / 2, s.y - box_h / 2),
@@ -80,7 +81,7 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
                 boxstyle="round,pad=0.02",
                 facecolor=color,
                 edgecolor=EDGE_COLOR,
-                linewidth=1.5 if s.notebook == here else 0.8,
+                linewidth=1.5 if mine else 0.8,
             )
         )
         ax.text(s.x, s.y + 0.1, s.label, ha="center", va="center", fontsize=8 if small else 10, weight="bold")
@@ -89,7 +90,7 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
         ax.text(
             s.x + box_w / 2 - 0.04,
             s.y + box_h / 2 - 0.08,
-            s.notebook,
+            " · ".join((s.notebook, *s.revisited)) if not small else s.notebook,
             ha="right",
             va="center",
             fontsize=7,

@@ -20,5 +20,14 @@ def test_the_map_highlights_one_notebook():
     fig = pipeline_map(QWenVLConfig(), here="02", small=True)
     highlighted = [p for p in fig.axes[0].patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb("#ffd166")]
     assert len(highlighted) == 1  # img_pos
-    with pytest.raises(ValueError, match="notebook '09' is not on the map"):
-        pipeline_map(QWenVLConfig(), here="09")
+    with pytest.raises(ValueError, match="notebook '10' is not on the map"):
+        pipeline_map(QWenVLConfig(), here="10")
+
+
+def test_the_full_map_names_the_notebook_that_revisits_the_lookup():
+    fig = pipeline_map(QWenVLConfig(), here="09")
+    highlighted = [p for p in fig.axes[0].patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb("#ffd166")]
+    assert len(highlighted) == 1  # the lookup, which notebook 09 does today's way
+    assert "04 · 09" in [t.get_text() for t in fig.axes[0].texts]
+    strip = pipeline_map(QWenVLConfig(), here="04", small=True)
+    assert "04 · 09" not in [t.get_text() for t in strip.axes[0].texts]  # the notebooks' strips stay as they were

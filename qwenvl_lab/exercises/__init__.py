@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # the modules that register exercises
-NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08")
+NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09")
 
 
 @dataclass(frozen=True)
