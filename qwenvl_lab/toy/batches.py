@@ -24,7 +24,6 @@ from .shapes import (
     COLORS,
     KINDS,
     LANGS,
-    MAX_SHAPES,
     PICTURE_SIZE,
     Scene,
     Shape,
@@ -81,7 +80,7 @@ def random_question(rng: random.Random, lang: str) -> str:
     return question(kind, lang, shape=shape, color=color)
 
 
-def make_conversation(rng: random.Random, pictures: int, max_shapes: int = MAX_SHAPES) -> list[Turn]:
+def make_conversation(rng: random.Random, pictures: int) -> list[Turn]:
     """A chat about `pictures` pictures (0, 1 or 2; the first turn adds them) asking the questions the templates
     allow, languages mixed: none → each question answered 'There is no picture.'; one → what, count, colour (a kind
     that appears once) and where (up to two shapes that appear once), in random order; two → two "which" questions."""
@@ -103,7 +102,7 @@ def make_conversation(rng: random.Random, pictures: int, max_shapes: int = MAX_S
                 Turn((), question("which", lang, shape=kind, color=color), which_picture(scenes, color, kind, lang))
             )
         return [Turn(scenes, turns[0].question, turns[0].answer), *turns[1:]]
-    scene = random_scene(rng, rng.randint(1, max_shapes))
+    scene = random_scene(rng)
     kinds_once = [k for k in KINDS if sum(s.kind == k for s in scene.shapes) == 1]
     pairs = [(s.color, s.kind) for s in scene.shapes]
     pairs_once = [p for p in pairs if pairs.count(p) == 1]
@@ -273,8 +272,7 @@ class StepBatches(torch.utils.data.Dataset):
     """The batches of one training stage, indexed by step: step k's batch depends only on (seed, stage, k).
 
     Stage "vision" gives single pictures (`patch_*` labels and pixels); the chat stages give chats, two pictures every
-    `two_pictures_every`-th step, else one picture with every `no_picture_every`-th chat without one. Over the first
-    `curriculum` fraction of the stage the pictures' largest number of shapes grows from 1 to 3."""
+    `two_pictures_every`-th step, else one picture with every `no_picture_every`-th chat without one."""
 
     seed: int
     stage: str
@@ -283,26 +281,19 @@ class StepBatches(torch.utils.data.Dataset):
     image_size: int
     two_pictures_every: int = 3
     no_picture_every: int = 8
-    curriculum: float = 0.0
 
     def __len__(self) -> int:
         return self.steps
 
-    def max_shapes(self, step: int) -> int:
-        """The largest number of shapes a picture of step `step` holds."""
-        ramp = self.curriculum * self.steps
-        return MAX_SHAPES if step >= ramp else 1 + int(MAX_SHAPES * step / ramp)
-
     def __getitem__(self, step: int) -> Batch:
         rng = random.Random(f"{self.seed}/{self.stage}/{step}")
-        shapes = self.max_shapes(step)
         if self.stage == "vision":
-            scenes = [random_scene(rng, rng.randint(1, shapes)) for _ in range(self.batch_size)]
+            scenes = [random_scene(rng) for _ in range(self.batch_size)]
             conversations = [[Turn((scene,), question("what", "en"), describe(scene))] for scene in scenes]
         else:
             two = step % self.two_pictures_every == self.two_pictures_every - 1  # batches of similar lengths
             conversations = [
-                make_conversation(rng, 2 if two else 0 if k % self.no_picture_every == 1 else 1, shapes)
+                make_conversation(rng, 2 if two else 0 if k % self.no_picture_every == 1 else 1)
                 for k in range(self.batch_size)
             ]
         return make_batch(_tokenizer(), conversations, self.image_size)

@@ -8,7 +8,7 @@ import torch
 from ..chat import ModelAsRunner, ask_batch
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from . import load_toy_model
-from .shapes import ALL_QUESTION_KINDS, LANGS, answer_matches, grounding_score, make_dataset, no_picture
+from .shapes import LANGS, QUESTION_KINDS, answer_matches, grounding_score, make_dataset, no_picture
 
 
 def ask(model, tokenizer, pictures, questions, zero_table=False, max_new_tokens=32, history=None) -> list[str]:
@@ -38,9 +38,8 @@ def is_right(answer: str, example) -> bool:
 
 
 def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=32, examples=None) -> dict:
-    """Accuracy per (kind, lang) and overall on `make_dataset(seed, n)` (or the given examples), and per language the
-    share of the same questions asked with no picture that get the no-picture answer ("none/en", not in overall)."""
-    examples = make_dataset(seed, n, kinds=ALL_QUESTION_KINDS) if examples is None else examples
+    """Accuracy per (kind, lang) and overall on `make_dataset(seed, n)` (or the given examples)."""
+    examples = make_dataset(seed, n) if examples is None else examples
     hits = defaultdict(list)
     by_images = defaultdict(list)
     for e in examples:
@@ -53,14 +52,19 @@ def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=32, e
                 hits[(e.kind, e.lang)].append(is_right(a, e))
     result = {f"{k}/{lang}": sum(v) / len(v) for (k, lang), v in sorted(hits.items())}
     result["overall"] = sum(sum(v) for v in hits.values()) / sum(len(v) for v in hits.values())
-    blind = defaultdict(list)
+    return result
+
+
+def no_picture_accuracy(model, tokenizer, examples, batch_size=32) -> dict:
+    """Per language ("none/en", "none/zh"), the share of the examples' questions, asked with no picture, that get the
+    no-picture answer in their own language."""
+    hits = defaultdict(list)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
         answers = ask(model, tokenizer, [[] for _ in chunk], [e.question for e in chunk])
         for e, a in zip(chunk, answers):
-            blind[e.lang].append(a.strip() == no_picture(e.lang))
-    result.update({f"none/{lang}": sum(v) / len(v) for lang, v in sorted(blind.items())})
-    return result
+            hits[e.lang].append(a.strip() == no_picture(e.lang))
+    return {f"none/{lang}": sum(v) / len(v) for lang, v in sorted(hits.items())}
 
 
 def main(argv=None):
@@ -72,15 +76,16 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     args = parser.parse_args(argv)
     model, tokenizer = load_toy_model(args.checkpoint, device=args.device), load_tokenizer()
-    real = evaluate(model, tokenizer, args.seed, args.n)
-    zero = evaluate(model, tokenizer, args.seed, args.n, zero_table=True)
-    print(f"held-out set: seed {args.seed}, {args.n} questions")
+    examples = make_dataset(args.seed, args.n)
+    real = evaluate(model, tokenizer, examples=examples)
+    zero = evaluate(model, tokenizer, examples=examples, zero_table=True)
+    print(f"held-out set: seed {args.seed}, {args.n} questions ('where': a box of IoU >= 0.5 with the shape's)")
     print(f"{'question':<12}{'accuracy':>10}{'table zeroed':>14}")
-    for key in (
-        [f"{k}/{lang}" for k in ALL_QUESTION_KINDS for lang in LANGS] + ["overall"] + [f"none/{x}" for x in LANGS]
-    ):
+    for key in [f"{k}/{lang}" for k in QUESTION_KINDS for lang in LANGS] + ["overall"]:
         if key in real:
             print(f"{key:<12}{real[key]:>10.3f}{zero[key]:>14.3f}")
+    for key, value in no_picture_accuracy(model, tokenizer, examples).items():
+        print(f"{key:<12}{value:>10.3f}   the same questions with no picture: '{no_picture(key[-2:])}'")
 
 
 if __name__ == "__main__":

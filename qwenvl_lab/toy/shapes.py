@@ -15,9 +15,7 @@ from ..tokenizing import Query
 
 COLORS = ("red", "green", "blue", "yellow")
 KINDS = ("circle", "square", "triangle")
-QUESTION_KINDS = ("what", "color", "count", "which")  # make_dataset's default kinds
-GROUNDING_KINDS = ("where",)  # answered with <ref>…</ref><box>…</box>: asked only when make_dataset's kinds name them
-ALL_QUESTION_KINDS = QUESTION_KINDS + GROUNDING_KINDS
+QUESTION_KINDS = ("what", "color", "count", "which", "where")  # "where" is answered with <ref>…</ref><box>…</box>
 LANGS = ("en", "zh")
 
 # Nominal fill of each colour; random scenes shift every channel by up to COLOR_JITTER
@@ -343,7 +341,7 @@ def where_is(scene: Scene, color: str, kind: str, lang: str = "en", size: int = 
 
 def question(kind: str, lang: str = "en", *, shape: str | None = None, color: str | None = None) -> str:
     """The question text of a question kind; 'color' needs `shape`, 'which' and 'where' `shape` and `color`."""
-    _check_choice(kind, ALL_QUESTION_KINDS, "question kind")
+    _check_choice(kind, QUESTION_KINDS, "question kind")
     _check_lang(lang)
     template = _QUESTIONS[lang][kind]
     given = {"shape": shape, "color": color}
@@ -371,7 +369,7 @@ class Example:
     lang: str
 
     def __post_init__(self):
-        _check_choice(self.kind, ALL_QUESTION_KINDS, "question kind")
+        _check_choice(self.kind, QUESTION_KINDS, "question kind")
         _check_lang(self.lang)
         if not self.images or not all(isinstance(s, Scene) for s in self.images):
             raise TypeError("Example.images must be a non-empty list of Scene objects")
@@ -384,7 +382,7 @@ class Example:
 def make_example(rng: random.Random, kind: str, lang: str) -> Example:
     """A random example of question kind `kind` in language `lang`, drawn only from `rng`."""
     _check_rng(rng)
-    _check_choice(kind, ALL_QUESTION_KINDS, "question kind")
+    _check_choice(kind, QUESTION_KINDS, "question kind")
     _check_lang(lang)
     if kind == "what":
         scene = random_scene(rng)
@@ -428,12 +426,12 @@ def make_example(rng: random.Random, kind: str, lang: str) -> Example:
 
 
 def make_dataset(seed: int, n: int, kinds=QUESTION_KINDS, langs=LANGS) -> list[Example]:
-    """`n` examples cycling through every (kind, lang) pair, deterministic given `seed` (kinds: ALL_QUESTION_KINDS)."""
+    """`n` examples cycling through every (kind, lang) pair, deterministic given `seed`."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
-    for values, allowed, what in ((kinds, ALL_QUESTION_KINDS, "kinds"), (langs, LANGS, "langs")):
+    for values, allowed, what in ((kinds, QUESTION_KINDS, "kinds"), (langs, LANGS, "langs")):
         if isinstance(values, str):
             raise TypeError(f"{what} must be a tuple of names such as {allowed[:1]}, not a single string")
         if not values:

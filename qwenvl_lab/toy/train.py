@@ -44,7 +44,7 @@ from .batches import BOX_BINS, StepBatches, used_token_ids
 from .evaluate import evaluate
 from .shapes import COLORS, KINDS, MAX_SHAPES
 
-STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 3400, 1500, 600, 800
+STEPS, VISION_STEPS, SHARPEN_STEPS, EVAL_EVERY = 7000, 1500, 1000, 1000
 PAIRS = len(COLORS) * len(KINDS)
 
 
@@ -53,7 +53,7 @@ class Recipe:
     """The settings of a training run that decide its weights (the defaults are the shipped model's)."""
 
     seed: int = 0
-    batch_size: int = 16
+    batch_size: int = 32
     lr: float = 1e-3
     vision_steps: int = VISION_STEPS
     steps: int = STEPS
@@ -63,11 +63,10 @@ class Recipe:
     probe_layer: int = 2
     box_probe: float = 1.0  # weight of the box heads: on image queries, and on "where" answers at `box_layer`
     box_layer: int = 3
-    digit_probe: float = 0.0  # weight of a head that predicts each box digit at `digit_layer`
+    digit_probe: float = 1.0  # weight of a head that predicts each box digit at `digit_layer`
     digit_layer: int = 3
-    where_weight: float = 1.0  # weight of the answer loss at "where" answers' tokens
+    where_weight: float = 2.0  # weight of the answer loss at "where" answers' tokens
     no_picture_every: int = 8  # one chat in N of a one-picture step has no picture
-    curriculum: float = 0.0  # over this fraction of stage 2, pictures grow from one shape to three
 
     def stages(self) -> list[tuple[str, str, int, float, int, int]]:
         """(name, progress label, steps, learning rate, batch size, two pictures every N steps) of each stage."""
@@ -410,7 +409,6 @@ def train(
             recipe.image_size,
             two_pictures_every=max(two_every, 1),
             no_picture_every=recipe.no_picture_every,
-            curriculum=recipe.curriculum if name == "whole" else 0.0,
         )
         bar = tqdm(
             _loader(dataset, trainer.step, workers, trainer.device.type == "cuda"),
