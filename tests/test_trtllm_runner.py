@@ -48,7 +48,7 @@ def write_engine(engine_dir, tp_size=1, dtype="float16", **build):
         version="1.2.1",
         build_config=build_config,
         pretrained_config=dict(
-            architecture="QWenForCausalLM",
+            architecture="QWenLMHeadModel",
             qwen_type="qwen",
             dtype=dtype,
             vocab_size=V,

@@ -35,7 +35,7 @@ def tiny(tiny_checkpoint, tiny_model, tmp_path_factory):
 
 def test_config_has_the_reference_fields_for_qwen_vl_chat():
     config = trtllm_config(QWenVLConfig(), dtype="float16", tp_size=2)  # defaults = Qwen-VL-Chat
-    assert config["architecture"] == "QWenForCausalLM" and config["qwen_type"] == "qwen"
+    assert config["architecture"] == "QWenLMHeadModel" and config["qwen_type"] == "qwen"
     assert (config["dtype"], config["logits_dtype"]) == ("float16", "float32")
     assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (V, 4096, 32)
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_size"]) == (32, 32, 128)
