@@ -176,6 +176,19 @@ def test_bad_inputs_get_clear_errors(tiny, tmp_path):
         read_trtllm_config(broken)
 
 
+def test_a_checkpoint_named_the_older_way_still_loads(tiny, tmp_path):
+    """Both names map to TensorRT-LLM's QWenForCausalLM (tensorrt_llm/models/__init__.py, MODEL_MAP)."""
+    _, model, converted = tiny
+    older = tmp_path / "older"
+    older.mkdir()
+    config = json.loads((converted[1] / "config.json").read_text())
+    (older / "config.json").write_text(json.dumps(dict(config, architecture="QWenForCausalLM")))
+    (older / "rank0.safetensors").write_bytes((converted[1] / "rank0.safetensors").read_bytes())
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(load_trtllm_checkpoint(older)(ids).logits, load_trtllm_checkpoint(converted[1])(ids).logits)
+
+
 def test_a_checkpoint_missing_weights_is_refused(tiny, tmp_path):
     from safetensors.torch import save_file
 

@@ -14,6 +14,8 @@ from .gpu import GPUStackError
 
 # how MPI launchers tell a process the size of its world: Open MPI (mpirun), MPICH and Intel MPI (Hydra), Slurm's PMI
 LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# the prefixes of every variable those launchers give a rank (Open MPI 5 / PRRTE / PMIx, Hydra / PMI)
+LAUNCHER_VAR_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "PMI_", "HYDRA_")
 
 
 class WorldSizeError(RuntimeError):
@@ -44,6 +46,17 @@ def launcher_world_size() -> int:
         if value.isdigit():
             return int(value)
     return 1
+
+
+def launcher_free_env(env=None) -> dict:
+    """`env` (default os.environ) without the MPI launcher's variables, for a child process that starts MPI itself.
+
+    A rank's child that initializes MPI with its parent's launcher variables tries to join the parent's job as that
+    rank and hangs or fails (measured with Open MPI 5.0 here: docs/tensorrt.md); without them it is an MPI world of
+    its own, as when `trtllm-build` runs in a shell.
+    """
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if not k.startswith(LAUNCHER_VAR_PREFIXES)}
 
 
 def mpi_world() -> MpiWorld:

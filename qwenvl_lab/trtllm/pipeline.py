@@ -18,6 +18,7 @@ other ranks itself.
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -233,6 +234,11 @@ def main(argv=None) -> int:
         return WRONG_WORLD
     except BuildFailedError as err:
         print(f"stopped: {err}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as err:
+        print(
+            f"stopped: trtllm-build failed (exit status {err.returncode}); its output above says why", file=sys.stderr
+        )
         return 1
     return 0
 
