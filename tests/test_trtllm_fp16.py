@@ -7,8 +7,8 @@ import onnx
 import pytest
 import torch
 
-from qwenvl_lab.trtllm.fp16 import drift, measure_fp16_drift, onnxruntime_features, to_float16_onnx
-from qwenvl_lab.trtllm.onnx_export import export_visual_onnx
+from qwenvl_lab.trtllm.fp16 import drift, measure_fp16_drift, to_float16_onnx
+from qwenvl_lab.trtllm.onnx_export import OnnxVisualEncoder, export_visual_onnx
 from qwenvl_lab.trtllm.visual_plan import build_visual_plan, graph_float_types
 
 IMAGES = sorted((Path(__file__).resolve().parents[1] / "data" / "images").glob("*.png"))
@@ -42,8 +42,8 @@ def test_float16_drifts_where_float32_does_not(graphs):
     with torch.no_grad():
         reference = model.transformer.visual(pixels).numpy()
     exact, rounded = (
-        drift(onnxruntime_features(fp32, pixels), reference),
-        drift(onnxruntime_features(half, pixels), reference),
+        drift(OnnxVisualEncoder(fp32)(pixels).numpy(), reference),
+        drift(OnnxVisualEncoder(half)(pixels).numpy(), reference),
     )
     assert exact.rel_l2 < 1e-5 < rounded.rel_l2 < 1e-2  # float16 keeps ~3 significant digits, not 7
     assert rounded.min_cosine > 0.999 and rounded.max_abs > 100 * exact.max_abs

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
 from ..vision import preprocess_images
-from .onnx_export import export_visual_onnx, visual_tower_of
-from .vision_graph import INPUT_NAME, OUTPUT_NAME
+from .onnx_export import OnnxVisualEncoder, export_visual_onnx, visual_tower_of
 
 KEEP_FP32 = ("LayerNormalization",)  # mean and variance over the width: the reduction fp16 is worst at
 EXTERNAL_DATA_BYTES = 1 << 30  # a graph whose weights pass this is saved with its weights beside it (protobuf: 2 GB)
@@ -70,14 +68,6 @@ def drift(values: np.ndarray, reference: np.ndarray) -> Drift:
     )
 
 
-def onnxruntime_features(onnx_path, pixels: torch.Tensor) -> np.ndarray:
-    """`input_vit` [N, 256, H] (float32) of an exported tower run by ONNX Runtime on the CPU."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: constant folding's notes on the Resize nodes are not results
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    return session.run([OUTPUT_NAME], {INPUT_NAME: pixels.float().numpy()})[0].astype(np.float32)
-
-
 def measure_fp16_drift(model_or_checkpoint, images, workdir) -> dict[str, Drift]:
     """Drift of `input_vit` from PyTorch float32 for ONNX Runtime in float32, in float16 throughout, and in float16
     with LayerNorm in float32, on `images` (paths or PIL images). Writes the three ONNX files under `workdir`."""
@@ -92,4 +82,4 @@ def measure_fp16_drift(model_or_checkpoint, images, workdir) -> dict[str, Drift]
         "onnxruntime float16": to_float16_onnx(fp32, workdir / "visual_fp16.onnx", keep_fp32=()),
         "onnxruntime float16, LayerNorm float32": to_float16_onnx(fp32, workdir / "visual_fp16_ln32.onnx"),
     }
-    return {name: drift(onnxruntime_features(path, pixels), reference) for name, path in graphs.items()}
+    return {name: drift(OnnxVisualEncoder(path)(pixels).numpy(), reference) for name, path in graphs.items()}

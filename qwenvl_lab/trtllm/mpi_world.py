@@ -3,7 +3,7 @@
 Under `mpirun -n N`, every rank runs the same script. The rank and size come from TensorRT-LLM's own helpers
 (`tensorrt_llm.mpi_rank()`, `mpi_world_size()`, `mpi_comm()`: mpi4py's COMM_WORLD), so they are the numbers its
 runtime checks against: `ModelRunnerCpp.from_dir` asserts `rank == world_config.rank`, and the C++ WorldConfig stops
-with "MPI size … != TP size … * PP size …" when the world is not tp × pp processes (NVIDIA/TensorRT-LLM #1992).
+with "MPI size … != TP size … * PP size … * CP Size …" when the world is not tp × pp processes (NVIDIA/TensorRT-LLM #1992).
 """
 
 import importlib.util
@@ -88,7 +88,8 @@ def check_world(world: MpiWorld, tp_size: int, pp_size: int = 1, what: str = "th
     raise WorldSizeError(
         f"{what} is split for tp_size {tp_size} × pp_size {pp_size} = {needed} process(es), but this MPI world has "
         f"{world.size}: {launch}, or convert and build again with --tp-size {world.size}. (TensorRT-LLM itself would "
-        f"stop with 'MPI size {world.size} != TP size {tp_size} * PP size {pp_size}', NVIDIA/TensorRT-LLM #1992)"
+        f"stop with 'MPI size {world.size} != TP size {tp_size} * PP size {pp_size} * CP Size 1'; NVIDIA/TensorRT-LLM "
+        "#1992)"
     )
 
 
