@@ -1,9 +1,10 @@
 """Notebook 05 — the vision tower as a TensorRT plan: built from the ONNX file (FP16, batches 1/1/4), run on the GPU.
 
-Two ways to an fp16 plan. Weakly typed (the default, as upstream's vit_onnx_trt.py and multimodal builder do): a
-float32 graph and TensorRT's FP16 flag, TensorRT choosing each layer's precision. Strongly typed: a float16 graph
-(`fp16.to_float16_onnx`, LayerNorm kept in float32) built with NetworkDefinitionCreationFlag.STRONGLY_TYPED, so
-every layer runs in the type the graph gives it (docs/tensorrt.md, "The fp16 vision plan").
+Two ways to an fp16 plan. Weakly typed (the default): the float32 graph and TensorRT's FP16 flag, the flag that
+upstream's vit_onnx_trt.py and multimodal builder build with, TensorRT choosing each layer's precision. Strongly
+typed: a float16 graph (`fp16.to_float16_onnx`, LayerNorm kept in float32) built with
+NetworkDefinitionCreationFlag.STRONGLY_TYPED, so every layer runs in the type the graph gives it (docs/tensorrt.md,
+"The fp16 vision plan").
 """
 
 from pathlib import Path
