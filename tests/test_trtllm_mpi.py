@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -194,7 +195,11 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     command = [MPIRUN, "--oversubscribe", "-n", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
     command += [sys.executable, str(stand_in / "driver.py"), "--stage", "gpu", "--checkpoint", str(checkpoint)]
     command += ["--image", str(IMAGE), "--workdir", str(workdir), "--max-new-tokens", "6", *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    session = tempfile.mkdtemp(prefix="qwenvl-mpi-")  # Open MPI's session files (short: they hold Unix sockets)
+    try:
+        result = subprocess.run(command, env=dict(env, TMPDIR=session), capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(session, ignore_errors=True)
     outputs = {r: (out / f"rank{r}.log").read_text() for r in (0, 1) if (out / f"rank{r}.log").is_file()}
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     return result.returncode, outputs, events
