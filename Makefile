@@ -39,7 +39,7 @@ TEST_STAMP := $(VENV)/.test
 BROWSER_STAMP := $(VENV)/.browser
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm regenerate
+.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm trtllm-env regenerate
 
 setup: $(COURSE_STAMP)
 
@@ -127,24 +127,43 @@ clean:
 clean-all: clean
 	rm -rf $(VENV) my-notebooks
 
-# The TensorRT path (issue 5): export → plan → convert → build → answer one question. The CPU steps run in this
-# venv; the GPU steps run with TRT_PY, the Python of a TensorRT-LLM 1.2.x environment (tensorrt_llm pins
-# transformers 4.57, so it cannot share this venv; there: pip install 'tensorrt_llm>=1.2,<1.3' and
-# pip install --no-deps -e .):  make trtllm TRT_PY=/path/to/trtllm-env/bin/python
-# Without the TensorRT stack it writes the ONNX file, the checkpoint and the trtllm-build command, then stops
-# (exit status 3) at the first GPU step, saying what is missing. For the full Qwen-VL-Chat checkpoint set
-# TRT_REFERENCE= (the PyTorch reference answer is slow on a CPU).
+# The TensorRT path: export → plan → convert → build → answer one question. The CPU steps run in this venv, the GPU
+# steps in a TensorRT-LLM 1.2.1 environment (its transformers 4.57.3 cannot share this venv). `make trtllm-env` makes
+# one in TRT_ENV in the order of TensorRT-LLM 1.2's install guide, after checking what that guide needs (CUDA Toolkit
+# 13.1 with CUDA_HOME, a driver for it or cuda-compat-13-1, libopenmpi, Python 3.10/3.12) and saying what is missing
+# before pip starts; `make trtllm` then uses it (or another: TRT_PY=/path/to/env/bin/python). docs/tensorrt.md has
+# every step. Without the TensorRT stack `make trtllm` writes the ONNX file, the checkpoint and the trtllm-build
+# command, says what the machine lacks, then stops (exit status 3) at the first GPU step. TRT_TP=2 splits the language
+# model over two GPUs (the GPU stage then runs under $(TRT_MPIRUN)); TRT_OPTS=--strongly-typed builds the vision plan
+# strongly typed. For the full Qwen-VL-Chat checkpoint set TRT_REFERENCE= (the PyTorch reference is slow on a CPU).
+TRT_ENV ?= .trtllm-env
+TRT_PYTHON ?= python3.12
+TRT_TORCH_INDEX ?= https://download.pytorch.org/whl/cu130
 TRT_CHECKPOINT ?= data/toy-qwen-vl
 TRT_IMAGE ?= data/images/blue_square.png
 TRT_QUESTION ?= 图片里是什么？
 TRT_WORKDIR ?= course-output/trtllm
-TRT_PY ?= $(PY)
+TRT_PY ?= $(if $(wildcard $(TRT_ENV)/bin/python),$(TRT_ENV)/bin/python,$(PY))
 TRT_REFERENCE ?= --reference
-TRT_ARGS = --checkpoint $(TRT_CHECKPOINT) --image $(TRT_IMAGE) --question "$(TRT_QUESTION)" --workdir $(TRT_WORKDIR)
+TRT_TP ?= 1
+TRT_OPTS ?=
+TRT_MPIRUN ?= mpirun -n $(TRT_TP)
+TRT_ARGS = --checkpoint $(TRT_CHECKPOINT) --image $(TRT_IMAGE) --question "$(TRT_QUESTION)" --workdir $(TRT_WORKDIR) \
+    --tp-size $(TRT_TP) $(TRT_OPTS)
 
 trtllm: setup
 	$(PY) -m qwenvl_lab.trtllm.pipeline --stage prepare $(TRT_REFERENCE) $(TRT_ARGS)
-	$(TRT_PY) -m qwenvl_lab.trtllm.pipeline --stage gpu $(TRT_ARGS)
+	@PYTHONPATH=. $(TRT_PY) -m qwenvl_lab.trtllm.install_check --report
+	$(if $(filter-out 1,$(TRT_TP)),$(TRT_MPIRUN) )$(TRT_PY) -m qwenvl_lab.trtllm.pipeline --stage gpu $(TRT_ARGS)
+
+trtllm-env:
+	PYTHONPATH=. $(TRT_PYTHON) -m qwenvl_lab.trtllm.install_check
+	$(TRT_PYTHON) -m venv $(TRT_ENV)
+	$(TRT_ENV)/bin/pip install --ignore-installed pip setuptools wheel
+	$(TRT_ENV)/bin/pip install torch==2.9.1 torchvision --index-url $(TRT_TORCH_INDEX)
+	$(TRT_ENV)/bin/python -c 'import torch; print("torch==" + torch.__version__)' > $(TRT_ENV)/torch-constraint.txt
+	$(TRT_ENV)/bin/pip install -r requirements-trtllm.txt -c $(TRT_ENV)/torch-constraint.txt
+	$(TRT_ENV)/bin/pip install --no-deps -e .
 
 # Execute every notebook in place (widget state stored): their outputs are what nbval compares (CONTRIBUTING.md)
 regenerate: $(TEST_STAMP)

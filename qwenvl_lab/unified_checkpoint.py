@@ -29,6 +29,10 @@ SPLIT_DIM = {
     "mlp.proj.weight": 1,
     "lm_head.weight": 0,  # rows padded to a multiple of tp_size first
 }  # everything else (vocab_embedding, the norms) is kept whole on every rank
+# the architecture upstream's converter writes for Qwen-VL-Chat (QWenConfig.from_hugging_face copies the HF config's
+# architectures[0]); TensorRT-LLM's MODEL_MAP maps it and the older "QWenForCausalLM" to the same QWenForCausalLM
+ARCHITECTURE = "QWenLMHeadModel"
+ARCHITECTURES = (ARCHITECTURE, "QWenForCausalLM")
 PLACEHOLDER_VISUAL = dict(
     image_size=28, patch_size=14, width=64, layers=1, heads=1, mlp_ratio=1.0, image_start_id=IMAGE_START_ID
 )
@@ -81,7 +85,7 @@ def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1
             f"rotary_pct {config.rotary_pct}, no_bias {config.no_bias}"
         )
     return {
-        "architecture": "QWenForCausalLM",
+        "architecture": ARCHITECTURE,
         "qwen_type": "qwen",
         "dtype": dtype,
         "logits_dtype": "float32",
@@ -139,7 +143,7 @@ def read_trtllm_config(checkpoint_dir) -> dict:
     config_file = checkpoint_dir / "config.json"
     fix = "point at a directory written by convert_to_trtllm_checkpoint (convert the checkpoint again)"
     config = read_json(config_file, fix)
-    if config.get("architecture") != "QWenForCausalLM" or config.get("qwen_type") != "qwen":
+    if config.get("architecture") not in ARCHITECTURES or config.get("qwen_type") != "qwen":
         raise CheckpointError(
             f"{checkpoint_dir} is not a Qwen (v1) TensorRT-LLM checkpoint: architecture "
             f"{config.get('architecture')!r}, qwen_type {config.get('qwen_type')!r}"

@@ -43,7 +43,7 @@ def test_engine_directory_layout(tiny_checkpoint, tiny_engine):
     config = json.loads((tiny_engine / "config.json").read_text())
     assert config["version"] == ENGINE_VERSION
     assert config["build_config"]["max_prompt_embedding_table_size"] == 4096
-    assert config["pretrained_config"]["architecture"] == "QWenForCausalLM"
+    assert config["pretrained_config"]["architecture"] == "QWenLMHeadModel"
     state = read_state_dict(tiny_checkpoint)
     llm = load_file(str(tiny_engine / "llm" / "rank0.safetensors"))
     expected = to_trtllm_names(state)

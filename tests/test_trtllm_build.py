@@ -101,7 +101,7 @@ import sys
 
 def main():
     with open(os.environ["STAND_IN_ARGV_FILE"], "w") as f:
-        json.dump(sys.argv[1:], f)
+        json.dump(dict(argv=sys.argv[1:], mpi=sorted(k for k in os.environ if k.startswith(("OMPI_", "PMI_")))), f)
 
 
 if __name__ == "__main__":
@@ -124,9 +124,10 @@ def test_the_build_runs_through_this_interpreter_without_trtllm_build_on_path(tm
     monkeypatch.setenv("PYTHONPATH", str(stand_in))  # ... and in the build's process
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no trtllm-build anywhere on PATH
     monkeypatch.setenv("STAND_IN_ARGV_FILE", str(tmp_path / "argv.json"))
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")  # as under mpirun: the build must not join the rank's MPI job
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert missing_gpu_stack("tensorrt_llm", "cuda") == []
     command = trtllm_build_command(tmp_path / "c", tmp_path / "e", README)
     saved = json.loads(json.dumps(command))  # the GPU stage reads the command the prepare stage saved
     assert run_trtllm_build(saved) == tmp_path / "e"
-    assert json.loads((tmp_path / "argv.json").read_text()) == command[1:]
+    assert json.loads((tmp_path / "argv.json").read_text()) == dict(argv=command[1:], mpi=[])

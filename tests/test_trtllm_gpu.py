@@ -38,10 +38,16 @@ def tiny_onnx(tiny_model, tmp_path_factory):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(bool(PLAN_NEEDS), reason=skip_reason(PLAN_NEEDS))
-@pytest.mark.parametrize("fp16, tolerance", [(False, 1e-3), (True, 3e-2)])
-def test_visual_plan_matches_pytorch(tiny_onnx, tmp_path, fp16, tolerance):
+@pytest.mark.parametrize(
+    "fp16, strongly_typed, tolerance", [(False, False, 1e-3), (True, False, 3e-2), (True, True, 3e-2)]
+)
+def test_visual_plan_matches_pytorch(tiny_onnx, tmp_path, fp16, strongly_typed, tolerance):
+    from qwenvl_lab.trtllm.fp16 import to_float16_onnx
+
     model, onnx_path = tiny_onnx
-    plan = build_visual_plan(onnx_path, tmp_path / "visual.plan", fp16=fp16, max_batch=4)
+    if strongly_typed:  # the float16 graph (LayerNorm in float32), built in its own types
+        onnx_path = to_float16_onnx(onnx_path, tmp_path / "half" / "visual_fp16.onnx")
+    plan = build_visual_plan(onnx_path, tmp_path / "visual.plan", fp16=fp16, max_batch=4, strongly_typed=strongly_typed)
     encoder = TRTVisualEncoder(plan)
     assert (encoder.image_size, encoder.max_batch) == (56, 4)
     pixels = torch.randn(5, 3, 56, 56, generator=torch.Generator().manual_seed(0))  # 5 > max_batch: two runs

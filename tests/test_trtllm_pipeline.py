@@ -12,7 +12,16 @@ import torch
 
 from qwenvl_lab.tokenizing import IM_END_ID, make_context
 from qwenvl_lab.trtllm.gpu import missing_gpu_stack
-from qwenvl_lab.trtllm.pipeline import COMMAND_FILE, ONNX_FILE, REFERENCE_FILE, STOPPED, main, run_gpu_steps
+from qwenvl_lab.trtllm.pipeline import (
+    COMMAND_FILE,
+    ONNX_FILE,
+    ONNX_FP16_FILE,
+    REFERENCE_FILE,
+    STOPPED,
+    main,
+    run_gpu_steps,
+)
+from qwenvl_lab.trtllm.visual_plan import graph_float_types
 from qwenvl_lab.unified_checkpoint import read_trtllm_config
 
 IMAGE = Path(__file__).resolve().parents[1] / "data" / "images" / "blue_square.png"
@@ -75,6 +84,18 @@ def greedy_answer(model, tokenizer, max_new_tokens):
 def test_the_gpu_stage_needs_the_prepare_stage(tiny_checkpoint, tmp_path):
     with pytest.raises(FileNotFoundError, match="run the prepare stage first"):
         run_gpu_steps(tiny_checkpoint, IMAGE, "图片里是什么？", tmp_path)
+
+
+@pytest.mark.skipif(not MISSING, reason="the TensorRT stack is present: the GPU tests run the whole path")
+def test_strongly_typed_prepares_the_float16_graph_the_gpu_stage_builds(tiny_checkpoint, tmp_path, capsys):
+    workdir = tmp_path / "work"
+    args = ["--checkpoint", str(tiny_checkpoint), "--image", str(IMAGE), "--workdir", str(workdir)]
+    assert main(["--stage", "prepare", *args]) == 0
+    with pytest.raises(FileNotFoundError, match="run the prepare stage with --strongly-typed first"):
+        run_gpu_steps(tiny_checkpoint, IMAGE, "图片里是什么？", workdir, strongly_typed=True)
+    assert main(["--stage", "all", "--strongly-typed", *args]) == STOPPED
+    assert "FLOAT16" in graph_float_types(workdir / ONNX_FP16_FILE)
+    assert "float16 graph for a strongly typed plan" in capsys.readouterr().out
 
 
 def test_bad_arguments_are_refused_before_any_work(tiny_checkpoint, tmp_path, capsys):

@@ -48,7 +48,7 @@ def write_engine(engine_dir, tp_size=1, dtype="float16", **build):
         version="1.2.1",
         build_config=build_config,
         pretrained_config=dict(
-            architecture="QWenForCausalLM",
+            architecture="QWenLMHeadModel",
             qwen_type="qwen",
             dtype=dtype,
             vocab_size=V,
@@ -232,6 +232,28 @@ def test_an_engine_without_a_prompt_table_input_is_refused(tmp_path):
     ids, table = fake_request()
     with pytest.raises(ValueError, match="#1300"):
         runner.check_request([ids], table, "0")
+
+
+@pytest.mark.parametrize(
+    "table, task_vocab_size",
+    [
+        (torch.empty(1, H, dtype=torch.float16), torch.zeros(1, dtype=torch.int32)),  # run.py's ptuning_setup(None)
+        (torch.empty(0, H, dtype=torch.float16), None),
+        (torch.empty(2, 0, H, dtype=torch.float16), None),
+    ],
+)
+def test_an_empty_table_reaches_tensorrt_llm_as_no_table(runner, table, task_vocab_size):
+    """ModelRunnerCpp gives every request PromptTuningConfig(table[task]): an [H] row (refused by its 2-D check) or a
+    table of 0 rows. The runner sends no table instead, and refuses fake ids that would need one."""
+    ids, tables, tasks = runner.check_request([torch.tensor([1, 2])] * 2, table, "0,0", task_vocab_size=task_vocab_size)
+    assert tables is None and tasks is None and [i.tolist() for i in ids] == [[1, 2]] * 2
+    with pytest.raises(ValueError, match="the prompt_table holds no image rows .*, so request 0 holds id 151936"):
+        runner.check_request([torch.tensor([1, V])], table, task_vocab_size=task_vocab_size)
+
+
+def test_a_table_no_request_reads_is_not_sent(runner):
+    _, table = fake_request()
+    assert runner.check_request([torch.tensor([1, 2])], table, "0")[1:] == (None, None)
 
 
 @pytest.mark.skipif(not NEEDS, reason="tensorrt_llm and a GPU are present: from_dir is exercised by the GPU tests")

@@ -35,7 +35,7 @@ def tiny(tiny_checkpoint, tiny_model, tmp_path_factory):
 
 def test_config_has_the_reference_fields_for_qwen_vl_chat():
     config = trtllm_config(QWenVLConfig(), dtype="float16", tp_size=2)  # defaults = Qwen-VL-Chat
-    assert config["architecture"] == "QWenForCausalLM" and config["qwen_type"] == "qwen"
+    assert config["architecture"] == "QWenLMHeadModel" and config["qwen_type"] == "qwen"
     assert (config["dtype"], config["logits_dtype"]) == ("float16", "float32")
     assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (V, 4096, 32)
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_size"]) == (32, 32, 128)
@@ -174,6 +174,19 @@ def test_bad_inputs_get_clear_errors(tiny, tmp_path):
     (broken / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
     with pytest.raises(CheckpointError, match="not a Qwen"):
         read_trtllm_config(broken)
+
+
+def test_a_checkpoint_named_the_older_way_still_loads(tiny, tmp_path):
+    """Both names map to TensorRT-LLM's QWenForCausalLM (tensorrt_llm/models/__init__.py, MODEL_MAP)."""
+    _, model, converted = tiny
+    older = tmp_path / "older"
+    older.mkdir()
+    config = json.loads((converted[1] / "config.json").read_text())
+    (older / "config.json").write_text(json.dumps(dict(config, architecture="QWenForCausalLM")))
+    (older / "rank0.safetensors").write_bytes((converted[1] / "rank0.safetensors").read_bytes())
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(load_trtllm_checkpoint(older)(ids).logits, load_trtllm_checkpoint(converted[1])(ids).logits)
 
 
 def test_a_checkpoint_missing_weights_is_refused(tiny, tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..limits import IMAGE_IDS, dtype_name, prompt_table_size
 from .gpu import GPUStackError, missing_gpu_stack
+from .mpi_world import launcher_free_env
 
 BUILD_MODULE = "tensorrt_llm.commands.build"  # what the `trtllm-build` console script runs
 
@@ -70,7 +71,9 @@ def run_trtllm_build(command: list[str]) -> Path:
     """Run a `trtllm_build_command` list (needs tensorrt_llm 1.2.x and a GPU): the engine dir.
 
     The build runs as `python -m tensorrt_llm.commands.build …` with this interpreter, so an environment's
-    Python finds its own TensorRT-LLM even when that environment's `bin/` (where `trtllm-build` lives) is not on PATH.
+    Python finds its own TensorRT-LLM even when that environment's `bin/` (where `trtllm-build` lives) is not on PATH,
+    and without the MPI launcher's variables, so that under mpirun it is an MPI process of its own (tensorrt_llm
+    starts MPI when imported).
     """
     command = [str(part) for part in command]
     if not command or command[0] != "trtllm-build" or not {"--checkpoint_dir", "--output_dir"} <= set(command):
@@ -84,5 +87,5 @@ def run_trtllm_build(command: list[str]) -> Path:
         raise GPUStackError(
             f"building the engine needs {'; '.join(missing)}. On a GPU machine run:\n{shlex.join(command)}"
         )
-    subprocess.run([sys.executable, "-m", BUILD_MODULE, *command[1:]], check=True)
+    subprocess.run([sys.executable, "-m", BUILD_MODULE, *command[1:]], check=True, env=launcher_free_env())
     return engine_dir

@@ -4,11 +4,16 @@ import importlib.util
 
 import torch
 
+TENSORRT_LLM_VERSION = "1.2.1"
+TENSORRT_PIN = "tensorrt~=10.14.1"  # what tensorrt_llm 1.2.1 requires (its PKG-INFO): the TensorRT of every plan here
+
 # what each piece is and how a learner gets it
 GPU_STACK = {
-    "tensorrt": "tensorrt (pip install tensorrt, NVIDIA GPU)",
-    "tensorrt_llm": "tensorrt_llm 1.2.x (its own environment: Python 3.10/3.12, CUDA 13, libopenmpi, NVIDIA GPU; "
-    "pip install 'tensorrt_llm>=1.2,<1.3' there, then pip install --no-deps -e .)",
+    "tensorrt": f"tensorrt 10.14.1 ({TENSORRT_PIN}), the one tensorrt_llm {TENSORRT_LLM_VERSION} pins, as a plan loads "
+    "only in the TensorRT that built it: it comes with tensorrt_llm (make trtllm-env); pip install -e '.[trtllm]' "
+    "gives the same one to this environment",
+    "tensorrt_llm": f"tensorrt_llm {TENSORRT_LLM_VERSION} in its own environment (Python 3.10/3.12, CUDA Toolkit 13.1, "
+    "libopenmpi, NVIDIA GPU): make trtllm-env, or the steps in docs/tensorrt.md",
     "cuda": "an NVIDIA GPU visible to torch (torch.cuda.is_available() is False here)",
 }
 

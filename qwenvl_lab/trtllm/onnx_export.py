@@ -72,7 +72,9 @@ class OnnxVisualEncoder:
 
     def __init__(self, onnx_path, providers=("CPUExecutionProvider",)):
         self.image_size = onnx_image_size(onnx_path)
-        self.session = ort.InferenceSession(str(onnx_path), providers=list(providers))
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only: constant folding's notes on the Resize nodes are no results
+        self.session = ort.InferenceSession(str(onnx_path), options, providers=list(providers))
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, S, S] → input_vit [B, 256, H] (float32, CPU)."""

@@ -7,28 +7,39 @@ Two stages, because tensorrt_llm 1.2.x pins transformers 4.57 while this package
 printed) and `--stage gpu` (a TensorRT-LLM environment: vision plan, engine build, answer), which imports nothing
 that needs transformers. `--stage all` runs both in one process; without the TensorRT stack it stops at the first
 GPU step with an error saying what is missing, the prepare stage's files already written.
+
+Tensor parallelism: `--stage prepare --tp-size N` converts a checkpoint split for N GPUs; then
+`mpirun -n N python -m qwenvl_lab.trtllm.pipeline --stage gpu --tp-size N …` runs the GPU stage once per rank.
+Rank 0 builds the plan and the engine while the other ranks wait, every rank loads its own rank engine, and only
+rank 0 runs the vision plan and gets the answer, as in TensorRT-LLM, whose executor hands rank 0's requests to the
+other ranks itself.
 """
 
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from .. import chat
+from ..files import field, read_json
 from ..limits import BuildConfig, dtype_name
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .build_command import run_trtllm_build, trtllm_build_command
 from .gpu import GPUStackError
+from .mpi_world import BuildFailedError, WorldSizeError, build_once, check_world, launcher_world_size, mpi_world
 from .runner import TRTLLMRunner
 from .visual_plan import TRTVisualEncoder, build_visual_plan
 
 ONNX_FILE = Path("onnx") / "visual_encoder.onnx"  # weights past 2 GB go to files beside it
+ONNX_FP16_FILE = Path("onnx_fp16") / "visual_encoder_fp16.onnx"  # the graph a strongly typed plan follows
 PLAN_FILE = Path("plan") / "visual_encoder_fp16.plan"
 CHECKPOINT_DIR, ENGINE_DIR = Path("trtllm_checkpoint"), Path("engine")
 COMMAND_FILE = Path("trtllm_build_command.json")
 REFERENCE_FILE = Path("reference.json")  # our PyTorch model's answer, for the GPU stage to compare with
 STOPPED = 3  # exit status when a GPU step cannot run on this machine
+WRONG_WORLD = 2  # exit status when the MPI world does not fit the checkpoint (or the prepare stage runs under MPI)
 
 
 def default_build_config(dtype: str = "float16"):
@@ -42,21 +53,31 @@ def default_build_config(dtype: str = "float16"):
     )
 
 
-def prepare(checkpoint, workdir, build_config=None, reference=None, log=print) -> list[str]:
+def prepare(
+    checkpoint, workdir, build_config=None, reference=None, tp_size: int = 1, strongly_typed: bool = False, log=print
+) -> list[str]:
     """The CPU steps: vision tower → ONNX, language model → TensorRT-LLM checkpoint, the trtllm-build command.
 
-    reference=(image, question, max_new_tokens) also saves our PyTorch model's greedy answer for the GPU stage.
+    tp_size splits the checkpoint for that many GPUs (rank{N}.safetensors each); strongly_typed also writes the
+    float16 ONNX graph that a strongly typed vision plan follows. reference=(image, question, max_new_tokens) also
+    saves our PyTorch model's greedy answer for the GPU stage.
     """
     # the model code needs transformers 5, absent from the TensorRT-LLM environment that runs the GPU stage
     from ..unified_checkpoint import convert_to_trtllm_checkpoint
+    from .fp16 import to_float16_onnx
     from .onnx_export import export_visual_onnx
 
     workdir = Path(workdir)
     build_config = default_build_config() if build_config is None else build_config
     onnx_path = export_visual_onnx(checkpoint, workdir / ONNX_FILE)
     log(f"[export, CPU] vision tower → {onnx_path}")
-    trt_checkpoint = convert_to_trtllm_checkpoint(checkpoint, workdir / CHECKPOINT_DIR, dtype_name(build_config.dtype))
-    log(f"[convert, CPU] language model → {trt_checkpoint} (config.json + rank0.safetensors, no vision weights)")
+    if strongly_typed:
+        fp16_path = to_float16_onnx(onnx_path, workdir / ONNX_FP16_FILE)
+        log(f"[export, CPU] float16 graph for a strongly typed plan → {fp16_path}")
+    dtype = dtype_name(build_config.dtype)
+    trt_checkpoint = convert_to_trtllm_checkpoint(checkpoint, workdir / CHECKPOINT_DIR, dtype, tp_size=tp_size)
+    ranks = " + ".join(f"rank{r}.safetensors" for r in range(tp_size))
+    log(f"[convert, CPU] language model → {trt_checkpoint} (config.json + {ranks}, no vision weights)")
     command = trtllm_build_command(trt_checkpoint, workdir / ENGINE_DIR, build_config)
     (workdir / COMMAND_FILE).write_text(json.dumps(command) + "\n")
     log(f"[build command] saved to {workdir / COMMAND_FILE}:\n{shlex.join(command)}")
@@ -84,19 +105,59 @@ def answer_question(runner, visual_encoder, tokenizer, image, question: str, max
     return chat.ask(runner, visual_encoder, tokenizer, [image], question, max_new_tokens=max_new_tokens)[0]
 
 
-def run_gpu_steps(checkpoint, image, question: str, workdir, max_new_tokens: int = 64, log=print) -> str:
-    """The GPU steps: vision plan, engine build (the saved command), answer; needs tensorrt, tensorrt_llm, a GPU."""
+def checkpoint_mapping(workdir) -> tuple[int, int]:
+    """(tp_size, pp_size) of the TensorRT-LLM checkpoint the prepare stage wrote in `workdir`."""
+    config_file = Path(workdir) / CHECKPOINT_DIR / "config.json"
+    fix = "run the prepare stage first (--stage prepare)"
+    mapping = field(read_json(config_file, fix), "mapping", "dict", config_file, fix)
+    return field(mapping, "tp_size", "int", config_file, fix), mapping.get("pp_size", 1)
+
+
+def run_gpu_steps(
+    checkpoint,
+    image,
+    question: str,
+    workdir,
+    max_new_tokens: int = 64,
+    tp_size=None,
+    strongly_typed: bool = False,
+    world=None,
+    log=print,
+) -> str | None:
+    """The GPU steps: vision plan, engine build (the saved command), answer; needs tensorrt, tensorrt_llm, a GPU.
+
+    Under MPI, rank 0 builds while the other ranks wait; every rank loads its rank engine; rank 0 returns the
+    answer and the other ranks None (TensorRT-LLM gives outputs on rank 0 only).
+    """
     workdir = Path(workdir)
     if not (workdir / COMMAND_FILE).is_file():
         raise FileNotFoundError(f"{workdir / COMMAND_FILE} not found: run the prepare stage first (--stage prepare)")
+    onnx_path = workdir / (ONNX_FP16_FILE if strongly_typed else ONNX_FILE)
+    if strongly_typed and not onnx_path.is_file():
+        raise FileNotFoundError(f"{onnx_path} not found: run the prepare stage with --strongly-typed first")
+    ckpt_tp, ckpt_pp = checkpoint_mapping(workdir)
+    if tp_size is not None and tp_size != ckpt_tp:
+        raise WorldSizeError(
+            f"--tp-size {tp_size}, but the checkpoint in {workdir / CHECKPOINT_DIR} was converted for tp_size "
+            f"{ckpt_tp}: run the prepare stage again with --tp-size {tp_size}"
+        )
+    world = mpi_world() if world is None else world
+    check_world(world, ckpt_tp, ckpt_pp, what=f"the checkpoint in {workdir / CHECKPOINT_DIR}")
     tokenizer = load_tokenizer(checkpoint)
-    plan = build_visual_plan(workdir / ONNX_FILE, workdir / PLAN_FILE)
-    log(f"[plan, GPU] vision tower → {plan}")
-    engine_dir = run_trtllm_build(json.loads((workdir / COMMAND_FILE).read_text()))
-    log(f"[build, GPU] engine → {engine_dir}")
-    answer = answer_question(
-        TRTLLMRunner.from_dir(engine_dir), TRTVisualEncoder(plan), tokenizer, image, question, max_new_tokens
-    )
+
+    def build() -> tuple[str, str]:
+        plan = build_visual_plan(onnx_path, workdir / PLAN_FILE, strongly_typed=strongly_typed)
+        log(f"[plan, GPU] vision tower → {plan}{' (strongly typed)' if strongly_typed else ''}")
+        engine_dir = run_trtllm_build(json.loads((workdir / COMMAND_FILE).read_text()))
+        log(f"[build, GPU] engine → {engine_dir}")
+        return str(plan), str(engine_dir)
+
+    plan, engine_dir = build_once(world, build, log)
+    runner = TRTLLMRunner.from_dir(engine_dir, rank=world.rank)
+    if world.rank != 0:  # TensorRT-LLM's executor hands this rank rank 0's requests, prompt tables included
+        log(f"[rank {world.rank}] rank{world.rank}.engine loaded; the answer comes out on rank 0")
+        return None
+    answer = answer_question(runner, TRTVisualEncoder(plan), tokenizer, image, question, max_new_tokens)
     log(f"[answer, GPU]\nQ: {question}\nA: {answer}")
     if (workdir / REFERENCE_FILE).is_file():
         ref = json.loads((workdir / REFERENCE_FILE).read_text())
@@ -115,6 +176,19 @@ def main(argv=None) -> int:
     parser.add_argument("--stage", choices=("all", "prepare", "gpu"), default="all")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
+        "--tp-size",
+        type=positive_int,
+        default=None,
+        help="tensor parallelism: prepare splits the checkpoint for this many GPUs (default 1); the GPU stage, run "
+        "under mpirun -n TP_SIZE, checks it against the prepared checkpoint",
+    )
+    parser.add_argument(
+        "--strongly-typed",
+        action="store_true",
+        help="vision plan: a float16 ONNX graph (LayerNorm kept in float32) built strongly typed, instead of a "
+        "float32 graph built with TensorRT's FP16 flag (docs/tensorrt.md)",
+    )
+    parser.add_argument(
         "--reference",
         action="store_true",
         help="prepare stage: also save our PyTorch model's answer (slow on CPU for the full model)",
@@ -124,17 +198,60 @@ def main(argv=None) -> int:
         parser.error(f"image not found: {args.image!r}")
     if not Path(args.checkpoint).is_dir():
         parser.error(f"checkpoint directory not found: {args.checkpoint!r} (a Qwen-VL checkpoint: data/toy-qwen-vl?)")
+    if args.stage != "gpu" and launcher_world_size() > 1:
+        print(
+            f"error: --stage {args.stage} runs once, in one process: run --stage prepare without mpirun, then the "
+            "GPU stage under mpirun (--stage gpu)",
+            file=sys.stderr,
+        )
+        return WRONG_WORLD
     load_tokenizer(args.checkpoint)  # an unusable vocabulary fails here, before minutes of export
     try:
         if args.stage in ("all", "prepare"):
             reference = (args.image, args.question, args.max_new_tokens) if args.reference else None
-            prepare(args.checkpoint, args.workdir, reference=reference)
+            prepare(
+                args.checkpoint,
+                args.workdir,
+                reference=reference,
+                tp_size=args.tp_size or 1,
+                strongly_typed=args.strongly_typed,
+            )
         if args.stage in ("all", "gpu"):
-            run_gpu_steps(args.checkpoint, args.image, args.question, args.workdir, args.max_new_tokens)
+            run_gpu_steps(
+                args.checkpoint,
+                args.image,
+                args.question,
+                args.workdir,
+                args.max_new_tokens,
+                tp_size=args.tp_size,
+                strongly_typed=args.strongly_typed,
+            )
     except GPUStackError as err:
         print(f"stopped: {err}", file=sys.stderr)
         return STOPPED
+    except WorldSizeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return WRONG_WORLD
+    except BuildFailedError as err:
+        print(f"stopped: {err}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as err:
+        print(
+            f"stopped: trtllm-build failed (exit status {err.returncode}); its output above says why", file=sys.stderr
+        )
+        return 1
     return 0
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from ..limits import BuildConfig
 from ..requests import check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from .gpu import require_gpu_stack
+from .mpi_world import check_world, mpi_world
 
 
 @dataclass(frozen=True)
@@ -74,15 +75,24 @@ class TRTLLMRunner:
         self.vocab_size, self.dtype, self.max_seq_len = config.vocab_size, config.build.dtype, config.build.max_seq_len
 
     @classmethod
-    def from_dir(cls, engine_dir, rank: int = 0, **runner_kwargs) -> "TRTLLMRunner":
+    def from_dir(cls, engine_dir, rank=None, **runner_kwargs) -> "TRTLLMRunner":
         """Open `engine_dir` (trtllm-build's output) with ModelRunnerCpp (C++ executor, in-flight batching).
 
         KV-cache block reuse stays off (ModelRunnerCpp's default): with prompt tables it would also need
         input_token_extra_ids, since the same fake ids stand for different pictures in different requests.
-        With tp_size > 1, launch one process per rank (mpirun -n tp_size) and pass rank=tensorrt_llm.mpi_rank().
+        With tp_size > 1, launch one process per rank (mpirun -n tp_size): rank defaults to this process's MPI rank
+        (tensorrt_llm.mpi_rank()), the one ModelRunnerCpp.from_dir asserts it is given.
         """
         config = read_engine_config(engine_dir)
         require_gpu_stack("tensorrt_llm", "cuda", step="TRTLLMRunner.from_dir")
+        world = mpi_world()
+        check_world(world, config.tp_size, config.pp_size, what=f"the engine in {engine_dir}")
+        rank = world.rank if rank is None else rank
+        if rank != world.rank:
+            raise ValueError(
+                f"rank={rank!r}, but this process is MPI rank {world.rank} of {world.size}: pass "
+                "rank=tensorrt_llm.mpi_rank() (or leave rank out); ModelRunnerCpp.from_dir asserts they agree"
+            )
         from tensorrt_llm.runtime import ModelRunnerCpp
 
         return cls(config, ModelRunnerCpp.from_dir(str(engine_dir), rank=rank, **runner_kwargs))
@@ -102,8 +112,18 @@ class TRTLLMRunner:
 
         Each request gets its own table (in-flight batching), cut from the table given: [rows, H] with
         task_vocab_size and prompt_tasks (run.py's session), or [tables, rows, H] with one table per task.
+        An empty table — run.py's ptuning_setup without pictures ([1, H], task_vocab_size 0), or one of 0 rows — and
+        a table no request reads go to TensorRT-LLM as no table at all: ModelRunnerCpp would give every request a
+        PromptTuningConfig of it (an [H] row its 2-D check refuses, or a table of 0 rows).
         """
         cfg = self.config
+        if empty_prompt_table(prompt_table, task_vocab_size):
+            try:
+                return self.check_request(batch_input_ids, None, None, max_new_tokens, num_beams, None, end_id, pad_id)
+            except ValueError as err:
+                raise ValueError(
+                    f"the prompt_table holds no image rows (task_vocab_size 0 or 0 rows), so {err}"
+                ) from None
         checked = check_request(
             cfg.build,
             cfg.vocab_size,
@@ -119,7 +139,7 @@ class TRTLLMRunner:
             in_flight=True,
         )
         ids = [seq.to(torch.int32) for seq in checked.ids]  # every id checked below vocab_size + table rows
-        if checked.table is None:
+        if checked.table is None or not any(len(checked.rows_read(i)) for i in range(len(ids))):
             return ids, None, None
         return ids, checked.own_tables(), ",".join(str(i) for i in range(len(ids)))
 
@@ -189,6 +209,21 @@ class TRTLLMRunner:
         if streaming:
             return (engine_outputs(out, ids, max_new_tokens, pad_id, return_dict) for out in outputs)
         return engine_outputs(outputs, ids, max_new_tokens, pad_id, return_dict)
+
+
+def empty_prompt_table(prompt_table, task_vocab_size) -> bool:
+    """True for a table that holds no image rows: 0 rows, or run.py's no-picture table (task_vocab_size 0)."""
+    if not isinstance(prompt_table, torch.Tensor):
+        return False
+    if prompt_table.dim() in (2, 3) and prompt_table.shape[-2] == 0:
+        return True
+    if task_vocab_size is None:
+        return False
+    try:
+        sizes = torch.as_tensor(task_vocab_size).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        return False  # check_request says what is wrong with it
+    return sizes.numel() == 1 and not sizes.dtype.is_floating_point and int(sizes[0]) == 0
 
 
 def engine_outputs(outputs: dict, ids: list[torch.Tensor], max_new_tokens: int, pad_id: int, return_dict: bool):

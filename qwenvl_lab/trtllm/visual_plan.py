@@ -1,7 +1,15 @@
-"""Notebook 05 — the vision tower as a TensorRT plan: built from the ONNX file (FP16, batches 1/1/4), run on the GPU."""
+"""Notebook 05 — the vision tower as a TensorRT plan: built from the ONNX file (FP16, batches 1/1/4), run on the GPU.
+
+Two ways to an fp16 plan. Weakly typed (the default): the float32 graph and TensorRT's FP16 flag, the flag that
+upstream's vit_onnx_trt.py and multimodal builder build with, TensorRT choosing each layer's precision. Strongly
+typed: a float16 graph (`fp16.to_float16_onnx`, LayerNorm kept in float32) built with
+NetworkDefinitionCreationFlag.STRONGLY_TYPED, so every layer runs in the type the graph gives it (docs/tensorrt.md,
+"The fp16 vision plan").
+"""
 
 from pathlib import Path
 
+import onnx
 import torch
 
 from ..vision import preprocess_images
@@ -17,24 +25,47 @@ def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
         raise ValueError(f"the batch profile needs integers 1 <= min_batch <= opt_batch <= max_batch, got {values}")
 
 
+def graph_float_types(onnx_path) -> set[str]:
+    """The floating-point types of an ONNX graph's weights ({"FLOAT"}, {"FLOAT", "FLOAT16"}, …), read without them."""
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    floating = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    return {onnx.TensorProto.DataType.Name(t.data_type) for t in graph.initializer if t.data_type in floating}
+
+
 def build_visual_plan(
-    onnx_path, plan_path, fp16: bool = True, min_batch: int = 1, opt_batch: int = 1, max_batch: int = 4
+    onnx_path,
+    plan_path,
+    fp16: bool = True,
+    min_batch: int = 1,
+    opt_batch: int = 1,
+    max_batch: int = 4,
+    strongly_typed: bool = False,
 ) -> Path:
-    """Build and save a TensorRT engine (`.plan`) of the exported vision tower with the `tensorrt` Python API."""
+    """Build and save a TensorRT engine (`.plan`) of the exported vision tower with the `tensorrt` Python API.
+
+    strongly_typed=True builds a float16 graph (`to_float16_onnx`) in the types it states, without precision flags.
+    """
     check_batch_profile(min_batch, opt_batch, max_batch)
     size = onnx_image_size(onnx_path)
+    if strongly_typed and "FLOAT16" not in graph_float_types(onnx_path):
+        raise ValueError(
+            f"{onnx_path} holds float32 weights only: a strongly typed build runs every layer in the graph's own type, "
+            "so it would give a float32 plan. Make the float16 graph first (to_float16_onnx), or leave "
+            "strongly_typed off to build with TensorRT's FP16 flag"
+        )
     require_gpu_stack("tensorrt", "cuda", step="build_visual_plan")
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0
+    network = builder.create_network(flags)  # TensorRT 10: explicit batch is the only mode
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):  # from the file, so weights stored beside it are found
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"TensorRT's ONNX parser rejected {onnx_path}: {errors}")
     config = builder.create_builder_config()
-    if fp16:
+    if fp16 and not strongly_typed:  # precision flags do not apply to a strongly typed network: its types decide
         config.set_flag(trt.BuilderFlag.FP16)
     profile = builder.create_optimization_profile()
     profile.set_shape(INPUT_NAME, (min_batch, 3, size, size), (opt_batch, 3, size, size), (max_batch, 3, size, size))
