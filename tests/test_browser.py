@@ -1,6 +1,6 @@
 """The course in a real browser: JupyterLab in headless Chromium runs every notebook (Run → Run All Cells), checks
 that no cell fails and every widget renders, and drives the widgets as a learner would (token viewer, table explorer,
-ask panel, chat panel).
+ask panel, chat panel, self-check).
 
 Needs Playwright for Python and Debian's Chromium (/usr/bin/chromium; Playwright never downloads a browser here).
 Without them the tests are skipped with the reason; with QWENVL_LAB_BROWSER_TEST=required (`make browser`) they fail.
@@ -466,6 +466,18 @@ def drive_chat_panel(notebook: Notebook, root):
     assert os.path.basename(label) in text, f"the transcript does not name the picture {label!r}: {text!r}"
 
 
+def drive_self_check(notebook: Notebook, root):
+    """Press Check with no option picked (a reminder), then pick the first question's last option and press Check
+    again: the package's verdict on it, with its explanation, appears."""
+    check = root.get_by_role("button", name="Check", exact=True).first
+    check.click()
+    html_matching(root, re.compile(r"^pick an option first$")).first.wait_for(timeout=WIDGET_S * 1000)
+    root.locator(".widget-radio-box").first.locator("input[type=radio]").last.check()
+    check.click()
+    verdict = html_matching(root, re.compile(r"^\([a-h]\) (right|not quite) — \S"))
+    verdict.first.wait_for(timeout=WIDGET_S * 1000)
+
+
 DRIVERS = {  # kind → (how to recognise it inside a widget's view, how to drive it)
     "token viewer": (
         lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^position$")),
@@ -477,6 +489,7 @@ DRIVERS = {  # kind → (how to recognise it inside a widget's view, how to driv
     ),
     "ask panel": (lambda root: root.get_by_role("button", name="Ask", exact=True), drive_ask_panel),
     "chat panel": (lambda root: root.get_by_role("button", name="Send", exact=True), drive_chat_panel),
+    "self-check": (lambda root: root.get_by_role("button", name="Check", exact=True), drive_self_check),
 }
 
 

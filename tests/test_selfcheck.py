@@ -1,0 +1,141 @@
+"""The end-of-notebook self-checks: every bank is well formed, answers are graded with the option's explanation, and
+the widget and the plain text show the same questions."""
+
+import sys
+import types
+
+import pytest
+
+from qwenvl_lab.exercises import selfcheck
+from qwenvl_lab.exercises.selfcheck import Question, right, wrong
+
+SAMPLE = (
+    Question(
+        "How many ids does one picture take, tags included?",
+        (
+            wrong("256", "that is the span alone; <img> and </img> are ids too"),
+            right("258", "<img>, 256 ids, </img>"),
+            wrong("it depends on the path", "the span is padded to 256 whatever the path"),
+        ),
+    ),
+    Question("Is `<img>` 151857?", (right("yes", "image_start_id"), wrong("no", "it is, in config.json"))),
+)
+
+
+@pytest.fixture
+def sample_bank(monkeypatch):
+    """A notebook "99" whose self-check is SAMPLE, given as a function (as a bank that computes its answers is)."""
+    calls = []
+
+    def bank():
+        calls.append(1)
+        return list(SAMPLE)
+
+    module = types.ModuleType("qwenvl_lab.exercises.nb99")
+    module.SELF_CHECK = bank
+    monkeypatch.setitem(sys.modules, "qwenvl_lab.exercises.nb99", module)
+    selfcheck._bank.cache_clear()
+    yield calls
+    selfcheck._bank.cache_clear()
+
+
+def question(*choices, prompt="Which?"):
+    return Question(prompt, choices)
+
+
+@pytest.mark.parametrize(
+    "bank, expected",
+    [
+        (SAMPLE, []),
+        ((), ["no question"]),
+        ((question(wrong("a", "x"), wrong("b", "y")),), ["0 right options"]),
+        ((question(right("a", "x"), right("b", "y")),), ["2 right options"]),
+        ((question(right("a", "x"), wrong("a", "y")),), ["the same option twice"]),
+        ((question(right("a", "x"), wrong("b", "")),), ["option 'b' has no explanation"]),
+        ((question(right("a", ""), wrong("b", "y")),), ["option 'a' has no explanation"]),
+        ((question(right("a", "x")),), ["1 options"]),
+        ((question(right("a", "x"), wrong(" ", "y")),), ["an empty option"]),
+        ((question(right("a", "x"), wrong("b", "y"), prompt=" "),), ["no prompt"]),
+    ],
+)
+def test_problems_of_a_bank(bank, expected):
+    found = selfcheck.problems(bank)
+    assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found)), found
+
+
+@pytest.mark.parametrize("notebook", selfcheck.notebooks())
+def test_every_notebooks_bank_is_well_formed(notebook):
+    assert selfcheck.problems(selfcheck.questions(notebook)) == []
+    for n, q in enumerate(selfcheck.questions(notebook), 1):  # the right letter grades right, every other wrong
+        for k, choice in enumerate(q.choices):
+            verdict = selfcheck.grade(notebook, n, selfcheck.LETTERS[k])
+            assert verdict.ok == choice.correct and choice.why in verdict.message
+
+
+@pytest.mark.parametrize(
+    "number, choice, ok, says",
+    [
+        (1, "b", True, "(b) right — <img>, 256 ids"),
+        (1, "(B)", True, "(b) right"),
+        (1, "258", True, "(b) right"),
+        (1, "a", False, "(a) not quite — that is the span alone"),
+        (1, "it depends on the path", False, "padded to 256"),
+        (2, "a", True, "image_start_id"),
+        (2, "b", False, "in config.json"),
+    ],
+)
+def test_grade_says_why_for_every_option(sample_bank, number, choice, ok, says):
+    verdict = selfcheck.grade("99", number, choice)
+    assert bool(verdict) is ok and says in str(verdict) and str(verdict).startswith(f"self-check 99, question {number}")
+
+
+@pytest.mark.parametrize(
+    "number, choice, error, says",
+    [
+        (1, "d", ValueError, "'a', 'b', 'c'"),
+        (2, "c", ValueError, "'a', 'b'"),
+        (1, 1, ValueError, "the letter of an option"),
+        (3, "a", ValueError, "questions 1 to 2"),
+        (0, "a", ValueError, "questions 1 to 2"),
+        (True, "a", ValueError, "questions 1 to 2"),
+    ],
+)
+def test_grade_refuses_what_is_no_answer(sample_bank, number, choice, error, says):
+    with pytest.raises(error, match=says):
+        selfcheck.grade("99", number, choice)
+
+
+def test_a_notebook_without_a_self_check_is_named():
+    with pytest.raises(KeyError, match="has no self-check"):
+        selfcheck.questions("98")
+
+
+def test_a_bank_function_is_called_once(sample_bank):
+    assert selfcheck.questions("99") == selfcheck.questions(99) == SAMPLE
+    assert len(sample_bank) == 1
+
+
+def test_plain_text_lists_every_option_and_how_to_answer(sample_bank, capsys):
+    assert selfcheck.show("99", widgets=False) is None
+    text = capsys.readouterr().out
+    assert text == selfcheck.as_text("99") + "\n"
+    assert "1. How many ids" in text and "   (c) it depends on the path" in text and "2. Is `<img>` 151857?" in text
+    assert 'selfcheck.grade("99", <question number>, "<letter>")' in text
+
+
+def test_the_widget_grades_the_picked_option(sample_bank):
+    ipywidgets = pytest.importorskip("ipywidgets")
+    view = selfcheck.show("99")
+    assert isinstance(view, ipywidgets.VBox) and len(view.children) == 2
+    prompt, options, row = view.children[0].children
+    button, verdict = row.children
+    assert "<code>" not in prompt.value and "<code>&lt;img&gt;</code>" in view.children[1].children[0].value
+    assert [label for label, _ in options.options] == ["(a) 256", "(b) 258", "(c) it depends on the path"]
+    button.click()
+    assert verdict.value == "pick an option first"
+    options.value = "a"
+    button.click()
+    assert "not quite" in verdict.value and "#c25e00" in verdict.value
+    options.value = "b"
+    button.click()
+    assert "right — &lt;img&gt;, 256 ids" in verdict.value and "#2b8a3e" in verdict.value
