@@ -228,7 +228,7 @@ def answers_alone(course):
 
 BOX = tuple(int(v) for v in re.findall(r"[0-9]+", nb06.BOX_ANSWER.split("<box>")[1]))
 ROUNDED = tuple((2 * c * 224 + 1000) // 2000 for c in BOX)  # half up, a 224-pixel picture
-TRUNCATED = tuple(c * 224 // 1000 for c in BOX)  # as Qwen-VL's draw_bbox_on_latest_picture does it
+TRUNCATED = tuple(int(c / 1000 * 224) for c in BOX)  # as Qwen-VL's draw_bbox_on_latest_picture does it
 
 CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("06.1", greedy, True, ()),

@@ -235,7 +235,7 @@ def check_box_pixels(corners):
     if corners is None or len(corners) != 4:
         return "answer with four ints (x1, y1, x2, y2)"
     [box] = parse_boxes(BOX_ANSWER, picture=images_dir() / BOX_PICTURE)
-    truncated = tuple(int(c * side / 1000) for c, side in zip(box.grid, box.size * 2))  # Qwen-VL's drawing
+    truncated = tuple(int(c / 1000 * side) for c, side in zip(box.grid, box.size * 2))  # as Qwen-VL draws boxes
     if tuple(corners) in (box.pixels, truncated):
         return None
     if tuple(corners) == box.grid:
