@@ -306,16 +306,13 @@ SECRETS = {  # numbers a hint to a wrong answer must not show
 
 
 @pytest.mark.parametrize("key, answer, ok, words", CASES, ids=[f"{c[0]}-{n}" for n, c in enumerate(CASES)])
-def test_the_check_accepts_right_answers_and_hints_at_wrong_ones(key, answer, ok, words):
+def test_the_check_accepts_right_answers_and_hints_at_wrong_ones(key, answer, ok, words, assert_verdict):
     if isinstance(answer, Blend):
         answer = answer()
     result = check(key, answer)
-    assert bool(result) is ok, result
+    assert_verdict(result, ok, words)
     if ok:
-        assert result.message == "correct"
         return
-    for word in words:
-        assert word in result.message, result
     shown = result.message.replace(repr(answer), "")
     for secret in SECRETS[key]:
         assert re.search(rf"(?<![\d.]){secret}(?!\d)", shown) is None, f"the hint gives the answer away: {result}"

@@ -292,16 +292,13 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
 
 
 @pytest.mark.parametrize("key, answer, ok, words", CASES, ids=[f"{c[0]}-{n}" for n, c in enumerate(CASES)])
-def test_the_check_accepts_right_answers_and_hints_at_wrong_ones(course, key, answer, ok, words):
+def test_the_check_accepts_right_answers_and_hints_at_wrong_ones(course, key, answer, ok, words, assert_verdict):
     if isinstance(answer, Eager):
         answer = answer.make(course)
     result = check(key, answer)
-    assert bool(result) is ok, result
+    assert_verdict(result, ok, words)
     if ok:
-        assert result.message == "correct"
         return
-    for word in words:
-        assert word in result.message, result
     secrets = {
         "06.1": ["argmax", "append"],
         "06.2": [f" {end_count(course)} "],
