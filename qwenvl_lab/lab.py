@@ -1,7 +1,8 @@
 """`python -m qwenvl_lab.lab` — open the course in JupyterLab on the learner's own copies of the notebooks.
 
-The course notebooks (notebooks/) stay pristine: the first start copies them into my-notebooks/ (git ignores it),
-later starts copy only notebooks that have no copy yet, and `--reset NAME` restores one copy from the course.
+The course notebooks (notebooks/, with their solutions in notebooks/solutions/) stay pristine: the first start copies
+them into my-notebooks/ (git ignores it), solutions into my-notebooks/solutions/, so every relative link of a copy
+works; later starts copy only notebooks that have no copy yet, and `--reset NAME` restores one copy from the course.
 JupyterLab opens at the repository's top level on my-notebooks/00_welcome.ipynb; arguments it does not know itself
 (e.g. --ip=0.0.0.0 --port=8888 --no-browser) go to JupyterLab.
 """
@@ -18,6 +19,7 @@ from .resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
 
 COURSE_FOLDER = "notebooks"
 MY_FOLDER = "my-notebooks"
+SOLUTIONS_FOLDER = "solutions"  # inside the course folder and inside my-notebooks/
 BACKUP_FOLDER = "backup"  # inside my-notebooks/: a learner's copy that --reset replaced
 FIRST_NOTEBOOK = "00_welcome.ipynb"
 JUPYTER_CONFIG_FOLDER = ".jupyter"  # labconfig/page_config.json: the news-announcement plugin is switched off
@@ -34,23 +36,30 @@ def course_root() -> Path:
     return root
 
 
+def course_notebooks(course: Path) -> list[Path]:
+    """The course's notebooks, then their solutions (course/solutions/)."""
+    return sorted(course.glob("*.ipynb")) + sorted((course / SOLUTIONS_FOLDER).glob("*.ipynb"))
+
+
 def copy_course_notebooks(course: Path, mine: Path) -> list[Path]:
-    """Copy every course notebook that has no copy in `mine` yet (an existing copy is never touched); the new copies."""
-    mine.mkdir(parents=True, exist_ok=True)
+    """Copy every course notebook (solutions included, into mine/solutions/) that has no copy in `mine` yet (an
+    existing copy is never touched); the new copies."""
     copied = []
-    for notebook in sorted(course.glob("*.ipynb")):
-        target = mine / notebook.name
+    for notebook in course_notebooks(course):
+        target = mine / notebook.relative_to(course)
         if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(notebook, target)
             copied.append(target)
     return copied
 
 
 def find_course_notebook(course: Path, name: str) -> Path:
-    """The course notebook named `name`: its file name, its stem or a unique prefix such as `03`."""
-    notebooks = sorted(course.glob("*.ipynb"))
-    exact = [n for n in notebooks if name in (n.name, n.stem)]
-    matches = exact or [n for n in notebooks if n.name.startswith(name)]
+    """The course notebook named `name`: its file name, its stem (03_solutions for a solution) or a unique prefix of
+    a course notebook's name such as `03`."""
+    notebooks = course_notebooks(course)
+    exact = [n for n in notebooks if name in (n.name, n.stem, n.relative_to(course).with_suffix("").as_posix())]
+    matches = exact or [n for n in notebooks if n.parent == course and n.name.startswith(name)]
     if len(matches) != 1:
         found = "no course notebook matches" if not matches else f"{len(matches)} course notebooks match"
         raise ValueError(f"{found} {name!r}; name one of: {', '.join(n.stem for n in notebooks)}")
@@ -62,7 +71,7 @@ def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | No
 
     Returns (the restored copy, where the learner's copy went or None if there was none or it was unchanged)."""
     notebook = find_course_notebook(course, name)
-    target = mine / notebook.name
+    target = mine / notebook.relative_to(course)
     backup = None
     if target.exists() and target.read_bytes() != notebook.read_bytes():
         backup = mine / BACKUP_FOLDER / f"{notebook.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
@@ -70,7 +79,7 @@ def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | No
             raise FileExistsError(f"{backup} already exists; wait a second and reset again")
         backup.parent.mkdir(parents=True, exist_ok=True)
         target.replace(backup)
-    mine.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(notebook, target)
     return target, backup
 
@@ -120,7 +129,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--reset",
         metavar="NOTEBOOK",
-        help="restore my-notebooks/NOTEBOOK from the course (e.g. 03 or 03_fake_prompt_ids); "
+        help="restore my-notebooks/NOTEBOOK from the course (e.g. 03, 03_fake_prompt_ids or 03_solutions); "
         "your copy moves to my-notebooks/backup/",
     )
     parser.add_argument(

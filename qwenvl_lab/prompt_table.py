@@ -220,7 +220,14 @@ def per_request_tables(
     rows_per_request: int | None = None,
     image_start_id: int = IMAGE_START_ID,
 ):
-    """In-flight-batching convention: each request's ids restart at vocab_size; its table sits at slot × rows."""
+    """In-flight-batching convention: each request's ids restart at vocab_size, and request b's table is placed at
+    row b × rows_per_request, with tasks = b (its position in this batch).
+
+    rows_per_request is the C++ executor's block, max_prompt_embedding_table_size / max_batch_size
+    (`BuildConfig.rows_per_request`), fixed when the engine is built. Left out, the block is the smallest that holds
+    this batch's fullest request: a layout for runners that take one table of any block size (this package's engine,
+    TensorRT-LLM's Python ModelRunner), not the one the C++ executor builds.
+    """
     input_ids = as_batch(input_ids)
     img_pos = locate_img_pos(input_ids, image_start_id)
     check_image_count(img_pos, input_vit)
@@ -237,8 +244,8 @@ def per_request_tables(
     ids = replace_image_spans(input_ids, img_pos, fake_prompt_id)
     table = input_vit.new_zeros(input_ids.shape[0], max(rows_per_request, 1), input_vit.shape[-1])  # [B, rows, H]
     first = 0
-    for slot, n in enumerate(counts):
-        table[slot, : n * span] = input_vit[first : first + n].reshape(-1, input_vit.shape[-1])
+    for position, n in enumerate(counts):
+        table[position, : n * span] = input_vit[first : first + n].reshape(-1, input_vit.shape[-1])
         first += n
     tasks = torch.arange(input_ids.shape[0], dtype=torch.int32)
     return ids, table.reshape(-1, input_vit.shape[-1]), tasks, table.shape[1]

@@ -24,6 +24,9 @@ IMAGE_START_ID = 151857  # <img> = config.visual["image_start_id"]
 IMAGE_END_ID = IMAGE_START_ID + 1  # </img>
 IMAGE_PAD_ID = IMAGE_START_ID + 2  # <imgpad>
 IMG_TOKEN_SPAN = 256  # ids between <img> and </img>: path bytes, then <imgpad>
+# The longest path Qwen-VL-Chat's own modeling_qwen.py reads back: it takes the span without its last id,
+# input_ids[i][a + 1 : b - 1], then .index(<imgpad>), which fails unless two <imgpad> follow the path
+QWEN_VL_PATH_BYTES = IMG_TOKEN_SPAN - 2
 TOKENIZER_VOCAB_SIZE = 151860  # len(tokenizer)
 MODEL_VOCAB_SIZE = 151936  # config.vocab_size (padded): fake prompt ids start here
 QWEN_TIKTOKEN_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"

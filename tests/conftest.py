@@ -78,3 +78,22 @@ def toy_chat(tmp_path_factory):
     config = BuildConfig(max_batch_size=1, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=1024)
     engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), config)
     return ModelRunner.from_dir(engine), load_engine_vision_tower(engine), load_tokenizer(engine)
+
+
+@pytest.fixture
+def assert_verdict():
+    """Check an exercise check's verdict: a right answer is 'correct'; a wrong one is refused with a hint (or 'not
+    attempted yet') that holds every one of `words` and none of `secrets` (what would give the answer away)."""
+
+    def verdict(result, ok: bool, words=(), secrets=()):
+        assert bool(result) is ok, result
+        if ok:
+            assert result.message == "correct", result
+            return
+        assert result.message.startswith(("not yet — ", "not attempted yet")), result
+        missing = [word for word in words if word not in result.message]
+        assert not missing, f"the hint lacks {missing}: {result}"
+        shown = [str(secret) for secret in secrets if str(secret) in result.message]
+        assert not shown, f"the hint gives the answer away ({shown}): {result}"
+
+    return verdict

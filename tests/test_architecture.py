@@ -24,7 +24,7 @@ LAYERS = [
     ["trtllm"],
     ["toy"],
     ["widgets", "course_map", "exercises"],
-    ["bench", "doctor", "lab"],
+    ["bench", "doctor", "lab", "study_time"],
     ["factcheck"],
     ["cli"],
 ]

@@ -1,6 +1,7 @@
 """The course in a real browser: JupyterLab in headless Chromium runs every notebook (Run → Run All Cells), checks
 that no cell fails and every widget renders, and drives the widgets as a learner would (token viewer, table explorer,
-ask panel, chat panel, self-check).
+ask panel, chat panel, self-check); then it opens every notebook as a learner's copy in my-notebooks/ and follows each
+relative link.
 
 Needs Playwright for Python and Debian's Chromium (/usr/bin/chromium; Playwright never downloads a browser here).
 Without them the tests are skipped with the reason; with QWENVL_LAB_BROWSER_TEST=required (`make browser`) they fail.
@@ -17,14 +18,16 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from qwenvl_lab.lab import lab_environment, running_as_root
-from qwenvl_lab.resources import OUTPUT_ENV
+from qwenvl_lab.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
+from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
@@ -135,13 +138,12 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5):
         time.sleep(poll_s)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """JupyterLab on a free local port, rooted at the repository, with the course's Jupyter config; kernels import
-    this checkout's qwenvl_lab; course outputs and notebook checkpoints go to a temporary folder."""
+@contextmanager
+def running_lab(root: Path, home: Path):
+    """JupyterLab on a free local port, rooted at `root`, with the course's Jupyter config; kernels import this
+    checkout's qwenvl_lab; course outputs and notebook checkpoints go to `home`."""
     if MISSING:
         pytest.fail("the browser test needs " + "; ".join(MISSING), pytrace=False)
-    home = tmp_path_factory.mktemp("jupyterlab")
     for plugin, settings in LAB_SETTINGS.items():
         file = home / "settings" / f"{plugin}.jupyterlab-settings"
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +167,7 @@ def lab(tmp_path_factory):
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",
-        f"--ServerApp.root_dir={REPO}",
+        f"--ServerApp.root_dir={root}",
         f"--IdentityProvider.token={token}",
         f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}",
     ]
@@ -173,7 +175,7 @@ def lab(tmp_path_factory):
         command.append("--allow-root")
     log = home / "jupyterlab.log"
     with open(log, "wb") as log_file:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     server = Lab(f"http://127.0.0.1:{port}", token, process, log)
 
     def answers():
@@ -198,6 +200,26 @@ def lab(tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab rooted at the repository."""
+    with running_lab(REPO, tmp_path_factory.mktemp("jupyterlab")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def learner_lab(tmp_path_factory):
+    """JupyterLab rooted at a learner's checkout: the repository's files (linked), and my-notebooks/ made by
+    qwenvl_lab.lab as `make lab` makes it."""
+    checkout = tmp_path_factory.mktemp("learner-checkout")
+    for entry in REPO.iterdir():
+        if entry.name not in (MY_FOLDER, ".git", OUTPUT_FOLDER):
+            (checkout / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    copy_course_notebooks(checkout / COURSE_FOLDER, checkout / MY_FOLDER)
+    with running_lab(checkout, tmp_path_factory.mktemp("jupyterlab-learner")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -549,3 +571,72 @@ def test_the_notebooks_show_every_kind_of_widget():
         pytest.skip("needs every notebook's browser test to have passed in this run")
     shown = set().union(*DRIVEN.values())
     assert {"token viewer", "table explorer", "ask panel"} <= shown, f"driven: {DRIVEN}"
+
+
+LINKS = """() => [...document.querySelectorAll('.jp-Notebook .jp-RenderedMarkdown a[href]')].map(a => ({
+    href: a.getAttribute('href'), text: a.textContent.trim(),
+    cell: [...document.querySelectorAll('.jp-Notebook .jp-Cell')].findIndex(c => c.contains(a)),
+}))"""
+LEARNER_NOTEBOOKS = [p.relative_to(REPO / COURSE_FOLDER).as_posix() for p in NOTEBOOKS]
+
+
+def local_target(lab: Lab, href: str) -> str | None:
+    """The checkout path a rendered link points at (JupyterLab turns relative links into /files/… URLs), None for a
+    link to elsewhere (another site, an anchor in the same notebook)."""
+    prefix = f"{lab.url}/files/"
+    if not href.startswith(prefix):
+        return None
+    return urllib.parse.unquote(href.removeprefix(prefix).split("?", 1)[0].split("#", 1)[0])
+
+
+@pytest.mark.parametrize("notebook", LEARNER_NOTEBOOKS)
+def test_every_relative_link_works_from_the_learners_copy(notebook, learner_lab, browser, screenshots):
+    """Open the learner's copy (my-notebooks/…) and follow each relative link of its text: the file or folder it
+    names exists; a link to a solutions notebook opens that notebook in JupyterLab."""
+    path = f"{MY_FOLDER}/{notebook}"
+    page = browser.new_page()
+    try:
+        page.goto(f"{learner_lab.url}/lab/tree/{path}?reset&token={learner_lab.token}")
+        page.locator(".jp-NotebookPanel .jp-Notebook").wait_for()
+        cells = json.loads((REPO / COURSE_FOLDER / notebook).read_text(encoding="utf-8"))["cells"]
+        wait_for(lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells), WIDGET_S, f"the cells of {path}")
+        written = sum(
+            len(re.findall(r"\]\((?!https?:|#)[^)]+\)", "".join(c["source"])))
+            for c in cells
+            if c["cell_type"] == "markdown"
+        )
+
+        def relative_links():  # JupyterLab resolves a relative link asynchronously, into a /files/… URL
+            found = [link for link in page.evaluate(LINKS) if not link["href"].startswith(("#", "https://"))]
+            return found if len(found) >= written and all(local_target(learner_lab, x["href"]) for x in found) else None
+
+        try:
+            wait_for(relative_links, WIDGET_S, f"every relative link of {path} resolved")
+        except CourseProblem:
+            pass  # the unresolved ones are reported below
+        found = [link for link in page.evaluate(LINKS) if not link["href"].startswith(("#", "https://"))]
+        local = [(link, local_target(learner_lab, link["href"])) for link in found]
+        broken = [f"cell {x['cell']}: [{x['text']}]({x['href']}) was not resolved" for x, t in local if t is None]
+        if len(found) != written:
+            broken.append(f"{written} relative links in the markdown, {len(found)} rendered as links")
+        local = [(link, target) for link, target in local if target is not None]
+        for link, target in local:
+            try:
+                learner_lab.api("GET", f"/api/contents/{urllib.parse.quote(target)}?content=0")
+            except urllib.error.HTTPError as err:
+                broken.append(f"cell {link['cell']}: [{link['text']}] → {target} ({err.code})")
+        if broken:
+            raise CourseProblem(f"{path}: links that lead nowhere from my-notebooks/:\n" + "\n".join(broken))
+        solutions = [(link, target) for link, target in local if target.startswith(f"{MY_FOLDER}/solutions/")]
+        if solutions:
+            link, target = solutions[0]
+            page.locator(".jp-Notebook .jp-RenderedMarkdown a", has_text=link["text"]).first.click()
+            tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=Path(target).name)
+            tab.first.wait_for(timeout=WIDGET_S * 1000)
+            assert not page.locator(".jp-Dialog").count(), f"{path}: opening {target} shows a dialog"
+    except (AssertionError, CourseProblem) as err:
+        page.screenshot(path=screenshots / f"links-{Path(notebook).stem}.png")
+        pytest.fail(f"{err}\nscreenshot: {screenshots / f'links-{Path(notebook).stem}.png'}", pytrace=False)
+    finally:
+        page.close()
+        learner_lab.shut_down_kernels()

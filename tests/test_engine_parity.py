@@ -130,7 +130,7 @@ def test_greedy_batch_of_one_equals_eager(case, runner, requests):
 
 
 def test_mixed_batch_of_eight_equals_eager_per_prompt(case, runner, requests):
-    """Per-request tables (tasks = slot) and one python-session table give eager's tokens, stopping on end_id."""
+    """Per-request tables (tasks = position in the batch) and one python-session table give eager's tokens, stopping on end_id."""
     model = case[0]
     V = runner.vocab_size
     own = [own_table(ids, vit, V) for ids, vit in requests]
@@ -139,7 +139,7 @@ def test_mixed_batch_of_eight_equals_eager_per_prompt(case, runner, requests):
     expected = [eager(model, ids, table, end_id=end_id)[0].tolist() for ids, table in own]
     assert len(expected[1]) <= 3 and expected[1][-1] == end_id
 
-    tables = torch.zeros(8, 512, runner.hidden_size)  # [B, rows, H]: request i's table at slot i
+    tables = torch.zeros(8, 512, runner.hidden_size)  # [B, rows, H]: request i's table at block i
     for i, (_, table) in enumerate(own):
         if table is not None:
             tables[i, : len(table)] = table

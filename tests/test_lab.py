@@ -16,18 +16,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def course(tmp_path):
-    """A clone-like folder: notebooks/ with three course notebooks, no my-notebooks/ yet."""
-    (tmp_path / "notebooks").mkdir()
-    for name in ("00_welcome", "01_tokenizing", "02_locating_img_pos"):
+    """A clone-like folder: notebooks/ with three course notebooks and a solutions notebook, no my-notebooks/ yet."""
+    (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
+    for name in ("00_welcome", "01_tokenizing", "02_locating_img_pos", "solutions/01_solutions"):
         (tmp_path / "notebooks" / f"{name}.ipynb").write_text(json.dumps({"cells": [], "name": name}))
     return tmp_path
 
 
-def test_first_start_copies_every_course_notebook(course):
+def test_first_start_copies_every_course_notebook_and_the_solutions(course):
     copied = lab.copy_course_notebooks(course / "notebooks", course / "my-notebooks")
-    assert [p.name for p in copied] == ["00_welcome.ipynb", "01_tokenizing.ipynb", "02_locating_img_pos.ipynb"]
+    assert [p.relative_to(course / "my-notebooks").as_posix() for p in copied] == [
+        "00_welcome.ipynb",
+        "01_tokenizing.ipynb",
+        "02_locating_img_pos.ipynb",
+        "solutions/01_solutions.ipynb",  # a copy's link solutions/… works, as from the course's notebooks/
+    ]
     for p in copied:
-        assert p.read_bytes() == (course / "notebooks" / p.name).read_bytes()
+        assert p.read_bytes() == (course / "notebooks" / p.relative_to(course / "my-notebooks")).read_bytes()
 
 
 def test_a_learners_copy_is_never_overwritten(course):
@@ -51,6 +56,11 @@ def test_reset_restores_the_course_notebook_and_keeps_the_learners_copy(course):
     assert backup.parent == mine / "backup" and backup.name.startswith("01_tokenizing-") and backup.suffix == ".ipynb"
     assert backup.read_text() == "my work"
     assert lab.reset_notebook(course / "notebooks", mine, "02_locating_img_pos.ipynb")[0].is_file()
+    (mine / "solutions" / "01_solutions.ipynb").write_text("my notes")
+    for name in ("01_solutions", "solutions/01_solutions"):  # a solution, by its stem or its path
+        restored, backup = lab.reset_notebook(course / "notebooks", mine, name)
+        assert restored == mine / "solutions" / "01_solutions.ipynb" and restored.read_text() != "my notes"
+    assert backup is None and len(list((mine / "backup").glob("01_solutions-*.ipynb"))) == 1
 
 
 def test_reset_of_a_missing_or_unchanged_copy_makes_no_backup(course):
@@ -67,7 +77,7 @@ def test_reset_of_a_missing_or_unchanged_copy_makes_no_backup(course):
 def test_reset_names_one_course_notebook(course, name, problem):
     with pytest.raises(ValueError, match=problem) as err:
         lab.reset_notebook(course / "notebooks", course / "my-notebooks", name)
-    assert "00_welcome, 01_tokenizing, 02_locating_img_pos" in str(err.value)
+    assert "00_welcome, 01_tokenizing, 02_locating_img_pos, 01_solutions" in str(err.value)
     assert not (course / "my-notebooks").exists()
 
 
@@ -106,7 +116,7 @@ def test_command_line_copies_then_prints_the_command(monkeypatch, course, capsys
     monkeypatch.setattr(lab, "course_root", lambda: course)
     assert lab.main(["--print-command", "--ip=0.0.0.0", "--no-browser"]) == 0
     out = capsys.readouterr().out
-    assert "copied 3 course notebook(s) into my-notebooks/" in out
+    assert "copied 4 course notebook(s) into my-notebooks/" in out
     assert f"--ServerApp.root_dir={course}" in out and "--ip=0.0.0.0 --no-browser" in out
     assert lab.main(["--print-command"]) == 0
     assert "copied" not in capsys.readouterr().out

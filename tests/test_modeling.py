@@ -358,7 +358,7 @@ def test_golden_left_padded_batch_matches_unpadded_rows(tiny_model, one_image, t
 
 
 def test_per_request_tables_through_the_model(tiny_model, one_image, two_images):
-    """In-flight-batching convention (ids restart per request, tasks = slot) gives the same hidden states."""
+    """In-flight-batching convention (ids restart per request, tasks = position in the batch) gives the same hidden states."""
     ids, mask = left_pad([one_image, two_images])
     with torch.no_grad():
         _, single = prompt_table_inputs(tiny_model, ids)

@@ -373,7 +373,7 @@ def test_per_request_tables_layout():
     assert out_ids[1, 1:257].tolist() == list(range(MODEL_VOCAB_SIZE, MODEL_VOCAB_SIZE + 256))  # restarts per request
     assert table.shape == (3 * 512, 4)
     assert torch.equal(table[:512], input_vit[:2].reshape(512, 4))
-    assert torch.equal(table[512:768], input_vit[2])  # slot 1 starts at row 1 * rows
+    assert torch.equal(table[512:768], input_vit[2])  # the block of batch position 1 starts at row 1 * rows
     assert not table[768:].any()
     assert tasks.tolist() == [0, 1, 2]
 

@@ -1,14 +1,17 @@
 """The end-of-notebook self-checks: every bank is well formed, answers are graded with the option's explanation, and
 the widget and the plain text show the same questions."""
 
+import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from qwenvl_lab.exercises import selfcheck
 from qwenvl_lab.exercises.selfcheck import Question, right, wrong
 
+REPO = Path(__file__).resolve().parents[1]
 SAMPLE = (
     Question(
         "How many ids does one picture take, tags included?",
@@ -139,3 +142,11 @@ def test_the_widget_grades_the_picked_option(sample_bank):
     options.value = "b"
     button.click()
     assert "right — &lt;img&gt;, 256 ids" in verdict.value and "#2b8a3e" in verdict.value
+
+
+def test_notebooks_01_to_06_have_a_self_check_and_show_it():
+    assert {"01", "02", "03", "04", "05", "06"} <= set(selfcheck.notebooks())
+    for notebook in ("01", "02", "03", "04", "05", "06"):
+        path = next(REPO.glob(f"notebooks/{notebook}_*.ipynb"))
+        sources = ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]]
+        assert any(f'selfcheck.show("{notebook}")' in source for source in sources), path.name

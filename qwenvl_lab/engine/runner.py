@@ -222,8 +222,9 @@ class ModelRunner:
         """Generate for a batch of requests (list of 1-D ids); output_ids [B, beams, max input + max_new_tokens].
 
         Each row holds the request's ids, then its new tokens (the end_id or stop word that stopped it included), then
-        pad_id. prompt_table: [rows, H] (with prompt_tasks "0,0,…" and task_vocab_size) or [tables, rows, H]
-        (task_vocab_size = rows; tasks default to one table per request, or table 0 when there is one). Greedy is
+        pad_id. prompt_table, as TensorRT-LLM's Python ModelRunner takes it: [rows, H] (with prompt_tasks "0,0,…" and
+        task_vocab_size) or [tables, rows, H] (task_vocab_size = rows; tasks default to table r for request r, or
+        table 0 when there is one); no block size is fixed at build, unlike the C++ executor's. Greedy is
         top_k=1 (or top_k=0, top_p=0); otherwise temperature, top_k (0 = off) and top_p sample; repetition_penalty
         (transformers' rule, over the request's vocabulary ids and its new tokens) applies to both. num_beams > 1 is
         beam search with transformers' semantics. end_id=-1 never stops; stop_words_list (one list of token-id

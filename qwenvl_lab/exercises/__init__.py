@@ -7,10 +7,22 @@ Each notebook's exercises live in their own module (`nb01`, `nb02`, …), regist
 
 import importlib
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Callable
 
-# the modules that register exercises
-NOTEBOOK_MODULES = ("nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09")
+import torch
+
+NOTEBOOK_MODULES = (
+    "nb01",
+    "nb02",
+    "nb03",
+    "nb04",
+    "nb05",
+    "nb06",
+    "nb07",
+    "nb08",
+    "nb09",
+)  # modules that register exercises
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,29 @@ class Result:
 
 
 REGISTRY: dict[str, Exercise] = {}
+
+
+def whole_number(answer):
+    """`answer` as an int when it is one whole number (an int, a numpy or 0-d torch integer), else None."""
+    if isinstance(answer, bool):
+        return None
+    if isinstance(answer, Integral):
+        return int(answer)
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.dtype.is_floating_point:
+        return None if answer.dtype == torch.bool else int(answer)
+    return None
+
+
+def int_list(value):
+    """A sequence of whole numbers (a list, a tuple, a 1-D integer tensor or array) as a list of ints, else None."""
+    if isinstance(value, (str, bytes)) or whole_number(value) is not None:
+        return None
+    try:
+        items = list(value.tolist() if hasattr(value, "tolist") else value)
+    except TypeError:
+        return None
+    numbers = [whole_number(item) for item in items]
+    return None if any(n is None for n in numbers) else numbers
 
 
 def exercise(key: str, question: str):

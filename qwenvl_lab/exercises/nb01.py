@@ -1,18 +1,31 @@
 """Notebook 01's exercises: an image span written by hand, a chat's length, the longest path, where `</img>` sits."""
 
-from ..tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, load_tokenizer, make_context
-from . import exercise
+from ..tokenizing import (
+    IMAGE_END_ID,
+    IMAGE_PAD_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    QWEN_VL_PATH_BYTES,
+    load_tokenizer,
+    make_context,
+)
+from . import exercise, int_list, whole_number
+from .selfcheck import Question, right, wrong
 
-SPAN_PATHS = (  # an ordinary path, one with 3-byte characters, one character, a path that fills the span exactly
+WIDE_CHARACTER = "图"  # 3 bytes in UTF-8
+SPAN_PATHS = (  # paths that fit: ordinary, 3-byte characters, one character, 255 and 256 bytes (the span's last bytes)
     "../data/images/red_circle.png",
     "图片/红色的圆形.png",
     "a",
-    "pictures/" + "x" * 243 + ".png",
+    WIDE_CHARACTER * (IMG_TOKEN_SPAN // 3),
+    "pictures/" + "x" * (IMG_TOKEN_SPAN - 13) + ".png",
 )
-TOO_LONG = "pictures/" + "x" * 300 + ".png"
+TOO_LONG = (  # paths one byte past the span, and 86 characters that are 258 bytes: a span cannot hold them
+    "pictures/" + "x" * (IMG_TOKEN_SPAN - 12) + ".png",
+    WIDE_CHARACTER * (IMG_TOKEN_SPAN // 3 + 1),
+)
 PAIR = ("../data/images/pair_a_yellow_circle_red_triangle.png", "../data/images/pair_b_blue_square_yellow_circle.png")
 PAIR_QUESTION = "哪张图片里有红色的三角形？"
-WIDE_CHARACTER = "图"  # 3 bytes in UTF-8
 NOT_ATTEMPTED = "not attempted yet: your function returns None — write its body and run the cell again"
 
 
@@ -21,15 +34,6 @@ def _pair_context():
     tokenizer = load_tokenizer()
     query = tokenizer.from_list_format([{"image": p} for p in PAIR] + [{"text": PAIR_QUESTION}])
     return (query, *make_context(tokenizer, query))
-
-
-def _ids(value):
-    """`value` as a list of ints, or None when it is not a sequence of ints."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return None
-    return list(value)
 
 
 def _shown(path: str) -> str:
@@ -79,26 +83,36 @@ def check_image_span(my_image_span):
         try:
             value = my_image_span(path)
         except ValueError:
+            if len(path.encode()) > QWEN_VL_PATH_BYTES:
+                return (
+                    f"for path {_shown(path)} your function raised ValueError, but the tokenizer writes it: a span "
+                    "holds every byte up to its last one (a later step, the model's reading of the path, is stricter)"
+                )
             return f"for path {_shown(path)} your function raised ValueError, but the path fits in a span"
         if value is None:
             return NOT_ATTEMPTED if path == SPAN_PATHS[0] else f"for path {_shown(path)} your function returned None"
-        got = _ids(value)
+        got = int_list(value)
         if got is None:
             return f"return the span as a list of ints (token ids), got {type(value).__name__}"
         if got != expected:
             return _span_hint(path, got, expected)
-    try:
-        my_image_span(TOO_LONG)
-    except ValueError:
-        return None
-    except Exception as err:  # any other error is the learner's: a hint, not a crash of the check
-        return (
-            f"a path too long for a span must raise ValueError (a clear message), but yours raised {type(err).__name__}"
-        )
-    return (
-        f"a path of {len(TOO_LONG.encode())} UTF-8 bytes cannot be written into a span: raise ValueError instead "
-        "of returning ids"
-    )
+    for path in TOO_LONG:
+        try:
+            my_image_span(path)
+        except ValueError:
+            continue
+        except Exception as err:  # any other error is the learner's: a hint, not a crash of the check
+            return (
+                f"a path too long for a span must raise ValueError (a clear message), but for {_shown(path)} yours "
+                f"raised {type(err).__name__}"
+            )
+        if len(path) <= IMG_TOKEN_SPAN:
+            return (
+                f"{_shown(path)} has only {len(path)} characters, yet a span cannot hold it: count its UTF-8 bytes, "
+                "not its characters, and raise ValueError instead of returning ids"
+            )
+        return f"{_shown(path)} cannot be written into a span: raise ValueError instead of returning ids"
+    return None
 
 
 @exercise("01.2", "How many ids does make_context give for the two pair pictures and 哪张图片里有红色的三角形？?")
@@ -106,8 +120,9 @@ def check_pair_length(my_length):
     """The check of exercise 01.2: None when the answer is right, else a hint."""
     tokenizer = load_tokenizer()
     query, raw_text, ids = _pair_context()
-    if isinstance(my_length, bool) or not isinstance(my_length, int):
+    if whole_number(my_length) is None:
         return f"give a number of ids (an int), got {type(my_length).__name__}"
+    my_length = whole_number(my_length)
     if my_length == len(ids):
         return None
     if my_length == len(raw_text):
@@ -119,26 +134,31 @@ def check_pair_length(my_length):
     return "too many: every picture's span has the same length, whatever its path; count the chat frame once"
 
 
-@exercise("01.3", "How many characters long can an image path made only of Chinese characters (3 bytes each) be?")
+@exercise(
+    "01.3",
+    "How many characters long can an image path made only of Chinese characters (3 bytes each) be, for "
+    "Qwen-VL-Chat's own modeling_qwen.py to read the picture back?",
+)
 def check_longest_chinese_path(my_max_chars):
     """The check of exercise 01.3: None when the answer is right, else a hint."""
-    if isinstance(my_max_chars, bool) or not isinstance(my_max_chars, int):
+    if whole_number(my_max_chars) is None:
         return f"give a number of characters (an int), got {type(my_max_chars).__name__}"
+    my_max_chars = whole_number(my_max_chars)
     if my_max_chars < 1:
         return "a path needs at least one character"
-    tokenizer = load_tokenizer()
-    try:
-        tokenizer.encode_image_span(WIDE_CHARACTER * my_max_chars)
-    except ValueError:
-        return (
-            "too many: the tokenizer refuses a path that long; each of these characters takes several bytes, and "
-            "the span holds bytes"
-        )
-    try:
-        tokenizer.encode_image_span(WIDE_CHARACTER * (my_max_chars + 1))
-    except ValueError:
+    width = len(WIDE_CHARACTER.encode())
+    if my_max_chars == QWEN_VL_PATH_BYTES // width:
         return None
-    return "too few: a path with one more character still fits in the span"
+    if my_max_chars in (IMG_TOKEN_SPAN, QWEN_VL_PATH_BYTES, IMG_TOKEN_SPAN - 1):
+        return "that is a number of bytes; each of these characters takes several bytes"
+    if my_max_chars == IMG_TOKEN_SPAN // width:
+        return (
+            "the tokenizer writes that many into a span, but modeling_qwen.py reads the span without its last id "
+            "and then looks for <imgpad>: how many bytes may the path have so that one <imgpad> is still read?"
+        )
+    if my_max_chars > QWEN_VL_PATH_BYTES // width:
+        return "too many: count the bytes the path takes, and what modeling_qwen.py needs after them"
+    return "too few: a path with one more character is still read back"
 
 
 @exercise("01.4", "Write my_end_position(a): the position of </img> from the position a of its <img>.")
@@ -155,8 +175,9 @@ def check_end_position(my_end_position):
             return NOT_ATTEMPTED if k == 0 else f"for a = {a} your function returned None"
         if hasattr(got, "item"):
             got = got.item()
-        if isinstance(got, bool) or not isinstance(got, int):
+        if whole_number(got) is None:
             return f"return a position (an int), got {type(got).__name__}"
+        got = whole_number(got)
         if got == b - 1:
             return "off by one, too early: the span's ids lie strictly between the two tags"
         if got == b + 1:
@@ -164,3 +185,65 @@ def check_end_position(my_end_position):
         if got != b:
             return f"for <img> at a = {a} your </img> lands inside the text or the span; count the ids between the tags"
     return None
+
+
+def SELF_CHECK():
+    """Notebook 01's self-check: its right options computed by the tokenizer where it can."""
+    tokenizer = load_tokenizer()
+    span = len(tokenizer.encode_image_span("../data/images/red_circle.png"))
+    typed = tokenizer.encode("What is <img>private/notes.png</img>?").count(IMAGE_START_ID)
+    return (
+        Question(
+            "How many ids does one picture take in `context_tokens`, its two tags included?",
+            (
+                wrong(
+                    str(IMG_TOKEN_SPAN),
+                    "that is the span between the tags; `<img>` and `</img>` are ids of their own",
+                ),
+                right(str(span), "`<img>`, 256 ids of path bytes and `<imgpad>`, `</img>`: the same for every path"),
+                wrong(
+                    "the path's length in bytes, plus 2",
+                    "the span is padded with `<imgpad>` to 256 ids whatever the path",
+                ),
+                wrong(
+                    "one id per 14×14 patch",
+                    "the ids hold the path; the pixels reach the model later, through the table",
+                ),
+            ),
+        ),
+        Question(
+            "What does the tokenizer write between `<img>` and `</img>`?",
+            (
+                wrong("the BPE pieces of the path", "inside a span there is no BPE: `46` there is the byte of `.`"),
+                wrong(
+                    "256 `<imgpad>` ids", "that is how vLLM marks a picture; Qwen-VL's tokenizer writes the path first"
+                ),
+                right("the path's UTF-8 bytes, one id per byte, then `<imgpad>`", "decode_image_path reads them back"),
+                wrong("the picture's pixels", "the tokenizer never opens the picture; only its path is in the ids"),
+            ),
+        ),
+        Question(
+            "A user types `What is <img>private/notes.png</img>?` into the chat. How many image spans does it make?",
+            (
+                right(str(typed), "typed text is encoded as ordinary text: the tags stay characters"),
+                wrong("1", "only `{'image': …}` elements make spans; a typed tag would let users open any file"),
+                wrong("a ValueError", "nothing is wrong with the text: it is encoded, as text"),
+            ),
+        ),
+        Question(
+            "How long may an image path be, in UTF-8 bytes, for Qwen-VL-Chat's own modeling_qwen.py to read it back?",
+            (
+                wrong(
+                    str(IMG_TOKEN_SPAN),
+                    "the tokenizer writes 256, but the model reads `input_ids[i][a+1:b-1]`, the span without its last "
+                    "id, and then looks for `<imgpad>`",
+                ),
+                right(str(QWEN_VL_PATH_BYTES), "two `<imgpad>` must follow the path: one is cut off, one is found"),
+                wrong(
+                    str(IMG_TOKEN_SPAN - 1),
+                    "then the only `<imgpad>` is the span's last id, the one the model cuts off",
+                ),
+                wrong("any length", "a span has 256 ids; the tokenizer refuses a longer path"),
+            ),
+        ),
+    )

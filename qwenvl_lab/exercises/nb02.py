@@ -4,9 +4,10 @@ import torch
 
 from ..chat import make_prompt
 from ..img_pos import locate_img_pos
-from ..tokenizing import ENDOFTEXT_ID, IMAGE_END_ID, IMG_TOKEN_SPAN, load_tokenizer
-from . import exercise
+from ..tokenizing import ENDOFTEXT_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, load_tokenizer
+from . import exercise, whole_number
 from .nb01 import NOT_ATTEMPTED, PAIR
+from .selfcheck import Question, right, wrong
 
 RED, BLUE = "../data/images/red_circle.png", "../data/images/blue_square.png"
 THREE_CHATS = (
@@ -39,9 +40,17 @@ def _broken_batches() -> list[tuple[str, torch.Tensor]]:
     across = padded(THREE_CHATS[:2])
     across[0, torch.where(across[0] == IMAGE_END_ID)[0][0]] = 198  # row 0 loses its </img> …
     across[1, 3] = IMAGE_END_ID  # … and row 1 gets a stray one: as many of each tag in the batch as before
+    reversed_tags = padded(THREE_CHATS[:1])
+    ((_, a, b),) = locate_img_pos(reversed_tags).tolist()
+    reversed_tags[0, a], reversed_tags[0, b] = IMAGE_END_ID, IMAGE_START_ID  # </img> … <img>: counts still agree
+    nested = padded(THREE_CHATS[1:2])
+    (_, _, b1), (_, a2, _) = locate_img_pos(nested).tolist()
+    nested[0, b1], nested[0, a2] = IMAGE_START_ID, IMAGE_END_ID  # <img> <img> </img> </img> in one row
     return [
         ("a row whose second </img> is missing", missing),
         ("a batch where row 0 lost its </img> and row 1 has a stray one", across),
+        ("a row whose </img> comes before its <img>", reversed_tags),
+        ("a row with one image span nested in another", nested),
     ]
 
 
@@ -109,6 +118,11 @@ def check_locate_img_pos(my_locate_img_pos):
                 f"on {name} your function raised {type(err).__name__} ({err}), an error that does not say what "
                 "is wrong: check the tags row by row and raise a ValueError that names the row"
             )
+        if "before" in name or "nested" in name:  # the tags are as many as ever, in every row
+            return (
+                f"on {name} your function returned an img_pos without complaint; equal counts are not enough: each "
+                "<img> must be followed by its </img> before the next <img> opens, so check the order too"
+            )
         return (
             f"on {name} your function returned an img_pos without complaint; the tags must pair up within each "
             "row: check every row on its own and raise ValueError when they do not"
@@ -135,8 +149,9 @@ def check_right_padding(my_right_img_pos):
 @exercise("02.3", "How many image feature rows (one per id of a span) does the notebook's batch need in total?")
 def check_feature_rows(my_rows):
     """The check of exercise 02.3: None when the answer is right, else a hint."""
-    if isinstance(my_rows, bool) or not isinstance(my_rows, int):
+    if whole_number(my_rows) is None:
         return f"give a number of rows (an int), got {type(my_rows).__name__}"
+    my_rows = whole_number(my_rows)
     img_pos = locate_img_pos(padded(THREE_CHATS))  # [N, 3]
     spans = (img_pos[:, 2] - img_pos[:, 1] - 1).tolist()
     if my_rows == sum(spans):
@@ -148,3 +163,50 @@ def check_feature_rows(my_rows):
     if my_rows == sum(spans) + 2 * len(spans):
         return "the tags keep their own ids: only the ids between <img> and </img> stand for the picture's features"
     return "each picture of the batch brings as many rows as its span has ids between the tags"
+
+
+def SELF_CHECK():
+    """Notebook 02's self-check: its right options computed from the notebook's batch."""
+    img_pos = locate_img_pos(padded(THREE_CHATS))  # [N, 3]
+    return (
+        Question(
+            "The notebook's batch has three chats, the second with two pictures. What shape is its `img_pos`?",
+            (
+                wrong("[3, 3]", "one row per picture, not per chat: the second chat brings two rows"),
+                right(str(list(img_pos.shape)), "one row (batch row, `<img>`, `</img>`) per picture of the batch"),
+                wrong("[4, 2]", "each row also holds the batch index: three numbers"),
+                wrong("[3, 2, 3]", "`img_pos` is flat: pictures of all chats one after another"),
+            ),
+        ),
+        Question(
+            "How far is a `</img>` from its `<img>`?",
+            (
+                wrong(str(IMG_TOKEN_SPAN), "then the span would hold 255 ids; the 256 span ids lie strictly between"),
+                right(
+                    str(int(img_pos[0, 2] - img_pos[0, 1])),
+                    "256 span ids between them: `</img>` is at `<img>` + 257",
+                ),
+                wrong("it depends on the path", "the span is always 256 ids, whatever the path"),
+            ),
+        ),
+        Question(
+            "Left padding adds 270 `<|endoftext|>` before a prompt. What happens to its `img_pos` row?",
+            (
+                right("both positions grow by 270", "padding moves the prompt; nothing inside it moves apart"),
+                wrong("nothing: positions are counted from the prompt's start", "`img_pos` indexes the padded batch"),
+                wrong("the span grows by 270", "the span stays 256 ids; padding is outside the prompt"),
+            ),
+        ),
+        Question(
+            "A row's `</img>` comes before its `<img>`; every row has as many `<img>` as `</img>`. What do the "
+            "articles' three lines (and run.py's assertion on the batch rows) do?",
+            (
+                wrong("raise an error", "the counts agree and the rows agree, so `torch.stack` and the assertion pass"),
+                right(
+                    "return an `img_pos` whose span runs backwards, without complaint",
+                    "only a check of the order within each row catches it, as `locate_img_pos` does",
+                ),
+                wrong("skip that picture", "nothing in the three lines looks at the order"),
+            ),
+        ),
+    )

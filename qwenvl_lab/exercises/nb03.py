@@ -1,7 +1,5 @@
 """Notebook 03's exercises: placing fake prompt ids into the image spans, and the numbers around them."""
 
-from numbers import Integral
-
 import torch
 
 from ..fake_ids import make_fake_prompt_ids, replace_image_spans
@@ -17,20 +15,10 @@ from ..tokenizing import (
     load_tokenizer,
     make_context,
 )
-from . import exercise
+from . import exercise, whole_number
+from .selfcheck import Question, right, wrong
 
 NOT_ATTEMPTED = "not attempted yet: your function returns None; write its body so that it returns its result"
-
-
-def whole_number(answer):
-    """`answer` as an int when it is one whole number (an int, a numpy or 0-d torch integer), else None."""
-    if isinstance(answer, bool):
-        return None
-    if isinstance(answer, Integral):
-        return int(answer)
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.dtype.is_floating_point:
-        return int(answer)
-    return None
 
 
 def number_hint(answer, expected: int, known: dict) -> str | None:
@@ -195,20 +183,81 @@ def check_third_first_id(answer):
 
 @exercise(
     "03.4",
-    "max_prompt_embedding_table_size 2048, max_batch_size 8: how many pictures may one request hold "
-    "under in-flight batching?",
+    "TensorRT-LLM's Qwen-VL README builds with --max_prompt_embedding_table_size 2048 --max_batch_size 8: how many "
+    "pictures may one request hold under in-flight batching (the C++ executor)?",
 )
 def check_images_per_request(answer):
-    """Each request owns rows_per_request = 2048 / 8 rows; a picture takes 256 of them."""
+    """Each request's block is rows_per_request = 2048 / 8 rows, fixed at build; a picture takes 256 of them."""
     build = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
     return number_hint(
         answer,
         build.rows_per_request // IMG_TOKEN_SPAN,
         {
             build.max_prompt_embedding_table_size
-            // IMG_TOKEN_SPAN: "that many pictures fill the whole table; under in-flight batching the table is shared out equally "
-            "among the max_batch_size requests",
+            // IMG_TOKEN_SPAN: "that many pictures fill the whole table; the C++ executor gives each of the "
+            "max_batch_size positions of a step's batch a block of the same size, fixed at build",
             build.rows_per_request: "that is a request's share of rows; how many pictures of 256 rows fit in it?",
             0: "then no request could send a picture: compute a request's share of the rows first",
         },
+    )
+
+
+def SELF_CHECK():
+    """Notebook 03's self-check: its right options computed by the package."""
+    three = make_fake_prompt_ids(MODEL_VOCAB_SIZE, 3)  # [3, 256]
+    readme = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
+    return (
+        Question(
+            "Where do the fake prompt ids start for Qwen-VL-Chat?",
+            (
+                wrong(str(ENDOFTEXT_ID), "151643 is `<|endoftext|>`, the first special token: it has a word embedding"),
+                wrong(str(TOKENIZER_VOCAB_SIZE), "151860 … 151935 are the embedding's padding rows, still word rows"),
+                right(
+                    str(int(three[0, 0])), "the model's `config.vocab_size`: every id from there is read from the table"
+                ),
+                wrong("200000", "article 1's round number; run.py numbers on from `vocab_size`"),
+            ),
+        ),
+        Question(
+            "In run.py's Python session a batch holds 3 pictures. Which fake id opens the third picture's span?",
+            (
+                wrong(str(int(three[0, 0])), "that opens the first; in this convention the ids go on across the batch"),
+                wrong(str(int(three[1, 0])), "that opens the second picture: pictures are counted from 0"),
+                right(str(int(three[2, 0])), "`vocab_size + 256 · 2`: one table, ids increasing over every picture"),
+                wrong(str(int(three[2, -1])), "that is the third picture's last id"),
+            ),
+        ),
+        Question(
+            "Under in-flight batching (the C++ executor), what decides which block of rows a request's fake ids read?",
+            (
+                wrong(
+                    "the number of pictures of the batch's fullest request",
+                    "the block size is fixed when the engine is built: max_prompt_embedding_table_size / max_batch_size",
+                ),
+                right(
+                    "its position b in this step's batch: its table is copied to row b × the block, and its task is b",
+                    "promptTuningBuffers.cpp copies each step's tables again; the position can change from step to step",
+                ),
+                wrong(
+                    "a slot the request keeps for its whole life",
+                    "tasks are positions in the step's batch, renumbered every step",
+                ),
+                wrong(
+                    "its fake ids, which start past the previous request's",
+                    "every request's fake ids start at `vocab_size`",
+                ),
+            ),
+        ),
+        Question(
+            "TensorRT-LLM's README engine (2048 rows, max_batch_size 8) gets a request with two pictures under "
+            "in-flight batching. What happens?",
+            (
+                wrong("it is answered", f"a request's block holds {readme.rows_per_request} rows: one picture"),
+                right(
+                    f"it is refused: the block holds {readme.rows_per_request} rows, the two pictures need 512",
+                    "the batch manager throws 'Prompt vocab size … is larger than max prompt vocab size'",
+                ),
+                wrong("the second picture is dropped", "nothing is dropped silently; the request is refused"),
+            ),
+        ),
     )

@@ -1,11 +1,29 @@
 """Notebook 04's exercises: TensorRT-LLM's prompt-table lookup with `tasks`, and what reaches the model."""
 
+from functools import lru_cache
+
 import torch
 
+from ..chat import ModelAsRunner, ask_batch
+from ..limits import BuildConfig
+from ..modeling import QWenVLConfig
 from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
-from ..tokenizing import ENDOFTEXT_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
-from . import exercise
-from .nb03 import NOT_ATTEMPTED, number_hint, whole_number
+from ..resources import images_dir
+from ..tokenizing import (
+    ENDOFTEXT_ID,
+    IMAGE_END_ID,
+    IMAGE_PAD_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE,
+    load_tokenizer,
+)
+from ..toy import load_course_model
+from . import exercise, whole_number
+from .nb03 import NOT_ATTEMPTED, number_hint
+from .selfcheck import Question, right, wrong
+
+ENGINE_BLOCKS = BuildConfig(max_batch_size=4, max_prompt_embedding_table_size=2048)  # notebook 05's engine: 512 rows
 
 
 def picture_row(pictures: int, text: int, length: int) -> list[int]:
@@ -49,6 +67,18 @@ def lookup_cases():
             10,
         ),
     ]
+    block = ENGINE_BLOCKS.rows_per_request
+    cases.append(
+        (
+            "two requests in the blocks of an engine's whole table (2048 rows, blocks of 512: more rows than they use)",
+            torch.tensor([[10, 11, 12, 3], [10, 2, 11, 12]]),
+            small_vocab,
+            torch.randn(ENGINE_BLOCKS.max_prompt_embedding_table_size, 4, generator=gen),
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([block], dtype=torch.int32),
+            10,
+        )
+    )
     length = 2 * (IMG_TOKEN_SPAN + 3) + 6
     batch = torch.tensor([picture_row(1, 5, length), picture_row(2, 6, length)])  # [2, L]: 1 and 2 pictures
     input_vit = torch.randn(3, IMG_TOKEN_SPAN, 4, generator=gen)  # [N, 256, H]
@@ -83,6 +113,11 @@ def fake_rows_hint(name, ids, table, tasks, task_vocab_size, vocab_size, got) ->
         return f"off by one ({name}): the id vocab_size itself reads the first row of its task's block"
     if reads(offset + tasks.long()[:, None].expand_as(ids)):
         return f"the task is added as a row count ({name}): each task owns a whole block of task_vocab_size rows"
+    if reads(offset + (tasks.long() * (len(table) // len(tasks)))[:, None].expand_as(ids)):
+        return (
+            f"the block size was inferred from the table's rows ({name}): a table may hold more rows than its tasks "
+            "use (an engine's whole buffer); the block is task_vocab_size"
+        )
     return (
         f"the fake ids (>= vocab_size) read the wrong rows of the prompt table ({name}): apply the lookup rule, "
         "task offset included"
@@ -161,68 +196,169 @@ def check_row_of_request_1(answer):
     )
 
 
-BLUE_SQUARE = (("blue", "square"), ("蓝", "正方形"))  # words that name blue_square.png, in English and Chinese
-RED_CIRCLE = (("red", "circle"), ("红", "圆"))
+BLEND = ("blue_square.png", "yellow_circle.png")  # exercise 04.3: the two pictures whose features are averaged
+BLEND_QUESTION, BLEND_IDS = "图片里是什么？", "red_circle.png"  # the request whose ids are kept
 
 
-def names(answer: str, words) -> bool:
-    """Whether `answer` names the shape that `words` describes, in either language."""
-    text = answer.lower()
-    return any(all(w in text for w in lang) for lang in words)
+@lru_cache(maxsize=1)
+def blend_answers() -> dict:
+    """The course model's answers to BLEND_QUESTION about BLEND_IDS's ids, reading each table that matters here."""
+    model, tokenizer = load_course_model(), load_tokenizer()
+    names = [BLEND_IDS, *BLEND]
+    with torch.inference_mode():
+        features = model.transformer.visual.encode([images_dir() / name for name in names])  # [3, 256, H]
+    tables = {**dict(zip(names, features)), "blend": features[1:].mean(dim=0)}
+    request = [([images_dir() / BLEND_IDS], BLEND_QUESTION)]
+    return {
+        name: ask_batch(ModelAsRunner(model), None, tokenizer, request, input_vit=table[None], max_new_tokens=24)[0]
+        for name, table in tables.items()
+    }
 
 
 @exercise(
-    "04.3", "Keep red_circle.png's fake ids, read blue_square.png's table: which picture does the answer describe?"
+    "04.3",
+    f"Keep red_circle.png's fake ids and read a table that averages {BLEND[0]}'s and {BLEND[1]}'s features: "
+    "what does the model answer, exactly?",
 )
 def check_table_decides(answer):
-    """The ids name no picture any more: the table alone carries it."""
+    """Only running it tells: the ids name no picture, and the averaged table is a picture no camera took."""
     if not isinstance(answer, str):
-        return f"give the model's answer (or the picture's file name) as a string, not a {type(answer).__name__}"
-    if names(answer, BLUE_SQUARE) and not names(answer, RED_CIRCLE):
+        return f"give the model's answer as a string, exactly as answers_with returns it, not a {type(answer).__name__}"
+    answers = blend_answers()
+    if answer.strip() == answers["blend"]:
         return None
-    if names(answer, RED_CIRCLE):
+    if answer.strip() == answers[BLEND_IDS]:
         return (
-            "the ids were built from red_circle.png's span, but after replace_image_spans do they still name a "
-            "picture? Run answers_with with the other table and read what the model says"
+            "that is the answer about the picture whose span the ids came from; after replace_image_spans the ids "
+            "name no picture: run answers_with with the averaged table"
         )
+    if answer.strip() in (answers[BLEND[0]], answers[BLEND[1]]):
+        return "that is one of the two pictures' own answer; the averaged table is neither picture: run it"
     return (
-        "run answers_with(fake_ids, <the other picture's table>) and store the answer, or name the picture it describes"
+        "run answers_with(fake_ids, (blue + yellow) / 2, tasks, task_vocab_size)[0], each [256, H] block from "
+        "visual.encode, and give its answer exactly"
     )
+
+
+INFLIGHT_BUILD = BuildConfig(max_batch_size=4, max_prompt_embedding_table_size=4096)  # exercise 04.4
 
 
 @exercise(
     "04.4",
-    "A batch of 3 requests with 2, 0 and 1 pictures: how many table rows under the python-session "
-    "convention and under in-flight batching? Answer (session_rows, in_flight_rows)",
+    "An engine built with --max_batch_size 4 --max_prompt_embedding_table_size 4096; one step's batch holds 3 "
+    "requests with 2, 0 and 1 pictures, in that order. Answer (rows of run.py's Python-session table, the first "
+    "row of request 2's block under in-flight batching)",
 )
 def check_table_rows(answer):
-    """One block per picture (session), or one equal block per request sized for the fullest request (in flight)."""
+    """The session table holds the batch's pictures; the executor's block is fixed at build, placed by position."""
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return "give two whole numbers as a pair: (rows under the python session, rows under in-flight batching)"
+        return "give two whole numbers as a pair: (rows of the python-session table, first row of request 2's block)"
+    session_given, first_given = answer
+    if whole_number(session_given) is None or whole_number(first_given) is None:
+        return f"give two whole numbers, got {answer!r}"
     length = 2 * (IMG_TOKEN_SPAN + 3) + 6
     batch = torch.tensor([picture_row(2, 5, length), picture_row(0, 5, length), picture_row(1, 5, length)])  # [3, L]
     input_vit = torch.zeros(3, IMG_TOKEN_SPAN, 1)  # [N, 256, H]
     session = len(single_table_batch(batch, input_vit, MODEL_VOCAB_SIZE)[1])
-    in_flight = len(per_request_tables(batch, input_vit, MODEL_VOCAB_SIZE)[1])
-    session_given, in_flight_given = answer
-    if whole_number(session_given) is None or whole_number(in_flight_given) is None:
-        return f"give two whole numbers, got {answer!r}"
+    block = INFLIGHT_BUILD.rows_per_request
+    _, _, tasks, task_vocab_size = per_request_tables(batch, input_vit, MODEL_VOCAB_SIZE, rows_per_request=block)
+    first = int(tasks[2]) * task_vocab_size
+    fullest = 2 * IMG_TOKEN_SPAN
     hint = number_hint(
         session_given,
         session,
         {
-            in_flight: "the python session's table has one block per picture, and nothing for a request without one",
+            INFLIGHT_BUILD.max_prompt_embedding_table_size: "that is the engine's whole buffer; run.py's table holds "
+            "the batch's pictures and nothing else",
+            fullest: "run.py's table holds every picture of the batch, one block of 256 rows each",
+            3
+            * fullest: "the python session gives no request a block: one table, the batch's pictures one after another",
         },
     )
     if hint is not None:
         return f"the python-session table: {hint}"
     hint = number_hint(
-        in_flight_given,
-        in_flight,
+        first_given,
+        first,
         {
-            session: "under in-flight batching every request owns a block of the same size, big enough for the "
-            "request with the most pictures",
-            in_flight * 2 // 3: "the request without pictures keeps its slot too: tasks are slot numbers",
+            2 * fullest: "the block is not sized by this batch's pictures: it is fixed at build, "
+            "max_prompt_embedding_table_size / max_batch_size (and the request without pictures keeps its position)",
+            fullest: "that is where request 2's picture sits in run.py's one table; the executor places tables by "
+            "the request's position in the step's batch",
+            3 * block: "positions in the batch count from 0",
+            2 * (INFLIGHT_BUILD.max_prompt_embedding_table_size // 3): "the table is shared by max_batch_size "
+            "positions, fixed at build, not by the requests of this step",
+            0: "request 2 is not the first of the batch: its block starts further down",
         },
     )
-    return None if hint is None else f"the in-flight table: {hint}"
+    return None if hint is None else f"the in-flight block: {hint}"
+
+
+def SELF_CHECK():
+    """Notebook 04's self-check: its right options computed by the package."""
+    fake_id, task, task_vocab_size = 152000, 2, IMG_TOKEN_SPAN
+    row = int(lookup_row(fake_id, task, task_vocab_size))
+    chat = QWenVLConfig()
+    return (
+        Question(
+            "What shape has `input_vit` for N pictures on Qwen-VL-Chat?",
+            (
+                wrong("[N, 196, 768]", "article 1's numbers, a generic ViT-B/16 on 224×224 pictures"),
+                wrong(
+                    f"[N, 1024, {chat.visual['width']}]",
+                    "those are the patches inside the tower; its resampler turns them into 256 rows",
+                ),
+                right(
+                    f"[N, {IMG_TOKEN_SPAN}, {chat.visual['output_dim']}]",
+                    "256 queries of the resampler, each a vector of the language model's hidden size",
+                ),
+                wrong("it depends on the picture's size", "every picture is resized to 448×448 first"),
+            ),
+        ),
+        Question(
+            f"Fake id {fake_id}, in a sequence whose task is {task}, with `task_vocab_size` {task_vocab_size}: which "
+            "row of the prompt table does it read?",
+            (
+                wrong(str(fake_id - MODEL_VOCAB_SIZE), "that ignores the task: task 2 reads its own block"),
+                right(str(row), "`(id − 151936) + task · task_vocab_size`"),
+                wrong(str(row + 1), "off by one: the id 151936 itself reads the first row of a block"),
+                wrong(str(fake_id), "a fake id is not a row number: subtract `vocab_size` first"),
+            ),
+        ),
+        Question(
+            "Every row of the prompt table is set to zero. What reaches the model between `<img>` and `</img>`?",
+            (
+                right("256 zero vectors, the same for every picture", "so every picture gets the same answer"),
+                wrong("the word embeddings of the fake ids", "ids ≥ vocab_size never read the word embedding"),
+                wrong("nothing: the span is skipped", "the positions stay; they hold whatever the table holds"),
+                wrong(
+                    "the picture still, since its path is in the ids",
+                    "the path was replaced by fake ids in notebook 03",
+                ),
+            ),
+        ),
+        Question(
+            "At inference, what is `prompt_table`?",
+            (
+                wrong(
+                    "a dictionary from fake ids to features", "`ptuning_setup` only reshapes `input_vit` and casts it"
+                ),
+                wrong(
+                    "a parameter of the model, updated by gradients",
+                    "that is prompt tuning's training, where the table's idea comes from; here nothing is trained",
+                ),
+                right(
+                    "a tensor handed to the engine at run time, next to the ids",
+                    "in TensorRT-LLM the input `prompt_embedding_table`: the same engine serves every picture",
+                ),
+            ),
+        ),
+    )
+
+
+def lookup_row(fake_id: int, task: int, task_vocab_size: int) -> int:
+    """The table row a fake id of a sequence with `task` reads, by the package's lookup."""
+    table = torch.arange(task_vocab_size * (task + 1), dtype=torch.float32)[:, None]  # row r holds r
+    vocab = torch.zeros(MODEL_VOCAB_SIZE, 1)
+    ids, tasks = torch.tensor([[fake_id]]), torch.tensor([task])
+    return int(prompt_tuning_embedding(ids, vocab, table, tasks, task_vocab_size, MODEL_VOCAB_SIZE)[0, 0, 0])

@@ -2,31 +2,19 @@
 
 from ..layout import trtllm_name
 from ..limits import BuildConfig, prompt_table_size
-from . import exercise
+from . import exercise, int_list, whole_number
+from .selfcheck import Question, right, wrong
 
 PACKED = ((0, 287), (1, 289))  # exercise 05.4: (batch position, prompt ids) of the two packed requests
 STEP_BEAMS = ((0, 3), (1, 1))  # exercise 05.5: (batch position, beams) in a generation step
 
 
-def int_list(value):
-    """A sequence of ints as a list (a tensor too), or None when it is not one."""
-    if isinstance(value, (str, bytes)):
-        return None
-    try:
-        items = list(value)
-    except TypeError:
-        return None
-    try:
-        return [int(i) for i in items]
-    except (TypeError, ValueError):
-        return None
-
-
 @exercise("05.1", "--max_prompt_embedding_table_size for up to 4 requests of up to 3 pictures each")
 def check_table_size(size):
     """The check of exercise 05.1: None when the answer is right, else a hint."""
-    if isinstance(size, bool) or not isinstance(size, int):
+    if whole_number(size) is None:
         return "answer with an int, a number of table rows"
+    size = whole_number(size)
     if size == prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=3):
         return None
     if size == prompt_table_size(BuildConfig(max_batch_size=1), images_per_request=3):
@@ -101,3 +89,53 @@ def check_step_tasks(tasks):
     if tasks == [position for position, _ in STEP_BEAMS]:
         return "in a generation step every beam feeds a token of its own"
     return "a generation step feeds one token per beam of each request, in batch order"
+
+
+def SELF_CHECK():
+    """Notebook 05's self-check: its right options computed by the package's build limits."""
+    size = prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=2)
+    return (
+        Question(
+            "What must `--max_prompt_embedding_table_size` be for up to 4 requests of up to 2 pictures each?",
+            (
+                wrong(str(2 * 256), "that is one request's block; the engine holds a block for every batch position"),
+                wrong(str(4 * 256), "that holds one picture per request"),
+                right(str(size), "256 rows × 2 pictures × 4 requests: each position of a step's batch gets a block"),
+                wrong("8", "the flag counts table rows, not pictures"),
+            ),
+        ),
+        Question(
+            "With `remove_input_padding`, what does the engine's `tasks` input hold in a context step?",
+            (
+                wrong("one task per request", "that is what `generate` takes; the engine's input is packed"),
+                right(
+                    "one value per token of the packed batch: its request's position in the batch",
+                    "the batch manager repeats each request's position over its tokens",
+                ),
+                wrong("the fake ids of each picture", "the fake ids are in `input_ids`; `tasks` picks their block"),
+            ),
+        ),
+        Question(
+            "An engine is built without `--max_prompt_embedding_table_size`, as article 2's command does. What "
+            "happens to a picture?",
+            (
+                wrong("it is read as usual", "the engine has no prompt-table input at all"),
+                right(
+                    "TensorRT-LLM answers from the text alone; this package's engine refuses the request",
+                    "a real user report, TensorRT-LLM issue #1300; the package says why instead",
+                ),
+                wrong("the table grows to fit it", "the table's size is fixed at build; nothing grows at run time"),
+            ),
+        ),
+        Question(
+            "Two requests ask 图片里是什么？ about two different pictures under in-flight batching. Their `input_ids`…",
+            (
+                right(
+                    "are equal: both number their fake ids from `vocab_size`",
+                    "so KV-cache reuse must tell them apart with `input_token_extra_ids`",
+                ),
+                wrong("differ in their fake ids", "under in-flight batching every request's ids start at `vocab_size`"),
+                wrong("differ in their span's path bytes", "the path bytes were replaced by fake ids"),
+            ),
+        ),
+    )

@@ -1,28 +1,41 @@
-"""Exercises of notebook 06 (generating text): greedy decoding by hand, output_ids, beams, a batch, a box in pixels.
+"""Exercises of notebook 06 (generating text): greedy decoding by hand, output_ids, beams, a batch, a box in pixels, and
+the capstone: the whole pipeline written by the learner.
 
 Answers that depend on the model are checked against the course's engine (`toy.course_engine`), run here again.
 """
 
+import os
 from functools import lru_cache
 
 import torch
 
-from ..chat import ask, make_prompt
+from ..chat import ModelAsRunner, answer_text, make_prompt
 from ..engine import ModelRunner, generate_for_qwenvl, load_engine_vision_tower
+from ..engine.sampling import filter_logits
 from ..grounding import parse_boxes
-from ..prompt_table import per_request_tables
+from ..img_pos import locate_img_pos
+from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from ..resources import images_dir
 from ..tokenizing import IM_END_ID, load_tokenizer
 from ..toy import course_engine, load_course_model
 from ..toy.make_samples import SAMPLES
 from ..toy.shapes import where_is
-from . import exercise
+from . import exercise, int_list, whole_number
+from .selfcheck import Question, right, wrong
 
 NOT_ATTEMPTED = "not attempted yet — the function returns None (or raises NotImplementedError): write its body"
 GREEDY_CASES = (("red_circle.png", "图片里是什么？", 24), ("three_shapes.png", "What is in the picture?", 5))
 TWO_QUESTIONS = (("yellow_circle.png", "圆形是什么颜色？"), ("red_circle.png", "What color is the circle?"))  # 06.4
 BOX_PICTURE = "red_circle_blue_square.png"  # exercise 06.5: a sample picture (224 × 224 pixels)…
 BOX_ANSWER = str(where_is(SAMPLES[BOX_PICTURE], "blue", "square"))  # …and the answer that boxes its blue square
+CAPSTONE_CASES = (  # exercise 06.6: one picture, then two pictures in one prompt whose answer needs the second
+    (("red_circle.png",), "图片里是什么？"),
+    (
+        ("pair_a_yellow_circle_red_triangle.png", "pair_b_blue_square_yellow_circle.png"),
+        "Which picture has a blue square?",
+    ),
+)
+CAPSTONE_TOKENS = 24
 
 
 @lru_cache(maxsize=1)
@@ -52,21 +65,11 @@ def engine_output(picture: str, question: str, max_new_tokens: int, num_beams: i
     return {**out, "input_len": len(ids)}
 
 
-def as_ids(value):
-    """A sequence of token ids as a list of ints, or None when it is not one."""
-    if isinstance(value, (str, bytes)):
-        return None
-    try:
-        return [int(i) for i in value]
-    except (TypeError, ValueError):
-        return None
-
-
 def counting_logits(prompt_len: int, stop_after=None):
     """A stand-in model: its next token is the last id + 1, or <|im_end|> once `stop_after` new ids are there."""
 
     def next_logits(ids):
-        ids = as_ids(ids)
+        ids = int_list(ids)
         best = IM_END_ID if stop_after is not None and len(ids) >= prompt_len + stop_after else ids[-1] + 1
         logits = torch.zeros(IM_END_ID + 1)
         logits[best] = 1.0
@@ -83,7 +86,7 @@ def model_logits(picture: str, question: str):
     def next_logits(so_far):
         with torch.inference_mode():
             return model(
-                torch.tensor([as_ids(so_far)]),
+                torch.tensor([int_list(so_far)]),
                 prompt_table=table[0],
                 tasks=torch.zeros(1, dtype=torch.int32),
                 task_vocab_size=table.shape[1],
@@ -104,7 +107,7 @@ def check_greedy(my_greedy):
         return NOT_ATTEMPTED
     if first is None:
         return NOT_ATTEMPTED
-    first = as_ids(first)
+    first = int_list(first)
     if first is None:
         return "return the new tokens as a list of ints"
     if first[:2] == [7, 8]:
@@ -116,19 +119,19 @@ def check_greedy(my_greedy):
         )
     if first != [9, 10, 11, 12]:
         return "on a stand-in model whose next token is always the last id + 1, your tokens are not the ones it prefers"
-    stopped = as_ids(my_greedy(counting_logits(1, stop_after=2), [5], 6))
+    stopped = int_list(my_greedy(counting_logits(1, stop_after=2), [5], 6))
     if stopped != [6, 7, IM_END_ID]:
         return (
             f"when <|im_end|> ({IM_END_ID}) is chosen, keep it as the last new token and stop there; "
             f"a stand-in model that ends after two tokens gave {stopped}"
         )
-    if as_ids(my_greedy(counting_logits(1), [5], 0)) != []:
+    if int_list(my_greedy(counting_logits(1), [5], 0)) != []:
         return "steps=0 asks for no new token: return an empty list"
     for picture, question, steps in GREEDY_CASES:
         next_logits, prompt = model_logits(picture, question)
         out = engine_output(picture, question, steps)
         expected = out["output_ids"][0, 0, out["input_len"] : int(out["sequence_lengths"][0, 0])].tolist()
-        mine = as_ids(my_greedy(next_logits, prompt, steps))
+        mine = int_list(my_greedy(next_logits, prompt, steps))
         if mine != expected:
             differ = next((k for k, (a, b) in enumerate(zip(mine or [], expected)) if a != b), None)
             where = (
@@ -146,8 +149,9 @@ def check_greedy(my_greedy):
 @exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 24 new ids)")
 def check_end_count(count):
     """The check of exercise 06.2: None when the answer is right, else a hint."""
-    if isinstance(count, bool) or not isinstance(count, int):
+    if whole_number(count) is None:
         return "answer with an int"
+    count = whole_number(count)
     out = engine_output("red_circle.png", "图片里是什么？", 24)
     new = out["output_ids"][0, 0, out["input_len"] :].tolist()
     if count == new.count(IM_END_ID):
@@ -181,34 +185,209 @@ def check_second_beam(text):
     )
 
 
-@exercise("06.4", f"the answers to {TWO_QUESTIONS} from one generate_for_qwenvl call")
-def check_two_answers(answers):
-    """The check of exercise 06.4: None when the answer is right, else a hint."""
-    answers = list(answers) if isinstance(answers, (list, tuple)) else None
-    if answers is None or len(answers) != 2 or not all(isinstance(a, str) for a in answers):
-        return "answer with a list of two strings, in the order of the questions"
+def batched_outputs() -> dict:
+    """output_ids of TWO_QUESTIONS asked in one generate_for_qwenvl call, in each of section 9's conventions."""
     runner, vision, tokenizer, _ = course()
-    alone = [
-        ask(runner, vision, tokenizer, [images_dir() / picture], question)[0] for picture, question in TWO_QUESTIONS
-    ]
-    if [a.strip() for a in answers] == alone:
+    pictures = [[images_dir() / picture] for picture, _ in TWO_QUESTIONS]
+    contexts = [torch.tensor(make_prompt(tokenizer, q, p)[1])[None] for p, (_, q) in zip(pictures, TWO_QUESTIONS)]
+    with torch.inference_mode():
+        input_vit = vision.encode([p[0] for p in pictures]).to(runner.dtype)  # [2, 256, H]
+    own = [per_request_tables(ids, input_vit[k : k + 1], runner.vocab_size) for k, ids in enumerate(contexts)]
+    in_flight = generate_for_qwenvl(
+        runner, [ids[0] for ids, _, _, _ in own], 24, torch.stack([t for _, t, _, _ in own]), "0,1"
+    )
+    batch = torch.nn.utils.rnn.pad_sequence([c[0] for c in contexts], batch_first=True)  # [2, L]
+    fake_ids, table, _, rows = single_table_batch(batch, input_vit, runner.vocab_size)
+    session_ids = [fake_ids[k, : c.shape[1]] for k, c in enumerate(contexts)]
+    session = generate_for_qwenvl(runner, session_ids, 24, table, "0,0", rows)
+    return {"in-flight": in_flight, "python session": session}
+
+
+@exercise("06.4", f"output_ids of one generate_for_qwenvl call that asks {TWO_QUESTIONS} (max_new_tokens 24)")
+def check_two_answers(output_ids):
+    """The check of exercise 06.4: None when the answer is right, else a hint."""
+    if isinstance(output_ids, dict):
+        output_ids = output_ids.get("output_ids")
+    if isinstance(output_ids, (list, tuple)) and all(isinstance(o, torch.Tensor) for o in output_ids):
+        return "that is one result per call; one call returns one output_ids tensor for both requests"
+    if not isinstance(output_ids, torch.Tensor):
+        return f"give the output_ids tensor that generate_for_qwenvl returns, not a {type(output_ids).__name__}"
+    expected = batched_outputs()
+    if any(output_ids.shape == e.shape and torch.equal(output_ids.cpu(), e.cpu()) for e in expected.values()):
         return None
-    if [a.strip() for a in answers] == alone[::-1]:
-        return "the answers are swapped: keep the order of the questions"
+    shape = next(iter(expected.values())).shape
+    if output_ids.dim() != 3 or output_ids.shape[:2] != shape[:2]:
+        return (
+            f"output_ids has shape {tuple(output_ids.shape)}; one call for both requests gives [requests, beams, "
+            "longest prompt + max_new_tokens]"
+        )
+    if output_ids.shape[2] != shape[2]:
+        return "one call pads every row to the longest prompt + max_new_tokens (24 here): is it one call of both?"
+    if any(output_ids.shape == e.shape and torch.equal(output_ids.flip(0).cpu(), e.cpu()) for e in expected.values()):
+        return "the requests are swapped: keep the order of the questions"
     return "each request must read its own picture's rows (its own fake ids and table block, or one table and tasks)"
 
 
 @exercise("06.5", f"the pixel corners (x1, y1, x2, y2) of the box in {BOX_ANSWER!r} about {BOX_PICTURE}")
 def check_box_pixels(corners):
     """The check of exercise 06.5: None when the answer is right, else a hint."""
-    corners = as_ids(corners)
+    corners = int_list(corners)
     if corners is None or len(corners) != 4:
         return "answer with four ints (x1, y1, x2, y2)"
     [box] = parse_boxes(BOX_ANSWER, picture=images_dir() / BOX_PICTURE)
-    if tuple(corners) == box.pixels:
+    truncated = tuple(int(c / 1000 * side) for c, side in zip(box.grid, box.size * 2))  # as Qwen-VL draws boxes
+    if tuple(corners) in (box.pixels, truncated):
         return None
     if tuple(corners) == box.grid:
         return "those are the corners on Qwen-VL's 0–1000 grid; scale them to the picture's size in pixels"
     if tuple(corners) == tuple(round(c * 112 / 1000) for c in box.grid):
         return "scale to the picture's own size (the file's), not to the model's input size"
     return "the grid runs from 0 (left / top edge) to 1000 (right / bottom edge) of the picture: scale each corner"
+
+
+class Probe:
+    """The course model, as the learner's pipeline sees it: it records the inputs of the first call."""
+
+    def __init__(self, model):
+        self.model, self.first_call = model, None
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        if self.first_call is None:
+            self.first_call = (args, kwargs)
+        return self.model(*args, **kwargs)
+
+
+def short_path(picture: str) -> str:
+    """A sample picture's path relative to the working directory (a notebook's: ../data/images/…), else absolute."""
+    try:
+        return os.path.relpath(images_dir() / picture)
+    except ValueError:  # another drive (Windows)
+        return str(images_dir() / picture)
+
+
+def capstone_reference(model, tokenizer, pictures, question):
+    """The package's answer and prompt embeddings [L, H] for one capstone case (the Python-session convention)."""
+    paths = [images_dir() / p for p in pictures]
+    ids = torch.tensor(make_prompt(tokenizer, question, paths)[1])[None]  # [1, L]
+    with torch.inference_mode():
+        input_vit = model.transformer.visual.encode(paths)  # [N, 256, H]
+        fake_ids, table, tasks, rows = single_table_batch(ids, input_vit, model.config.vocab_size)
+        embeds = prompt_tuning_embedding(
+            fake_ids, model.transformer.wte.weight, table, tasks, rows, model.config.vocab_size
+        )
+        out = ModelAsRunner(model).generate([fake_ids[0]], prompt_table=table, max_new_tokens=CAPSTONE_TOKENS)
+    return answer_text(tokenizer, out[0, 0, ids.shape[1] :]), embeds[0], locate_img_pos(ids)
+
+
+def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answered_right: bool) -> str | None:
+    """Where the learner's pipeline first parts from the package's, read from the model's first call (the prompt's
+    embeddings must be the package's, bit for bit), or None when they agree and so does the answer."""
+    if probe.first_call is None:
+        return f"on {case} your function never called the model it was given: call model(inputs_embeds=…)"
+    args, kwargs = probe.first_call
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is None or kwargs.get("prompt_table") is not None or args:
+        return (
+            f"on {case} the model was given ids, not embeddings: the lookup is yours to write; hand its result "
+            "to the model as model(inputs_embeds=…)"
+        )
+    embeds = embeds.detach().reshape(-1, embeds.shape[-1])  # [L, H]
+    if embeds.shape != expected_embeds.shape:
+        return (
+            f"on {case} the first call embeds {embeds.shape[0]} positions, but the prompt has "
+            f"{expected_embeds.shape[0]}: the spans keep their length, and the first call reads the whole prompt"
+        )
+    differ = (embeds != expected_embeds.to(embeds.dtype)).any(dim=-1).nonzero()
+    if not len(differ):
+        return (
+            None
+            if answered_right
+            else (
+                f"on {case} the prompt's embeddings are right, but the answer differs: at every step take the highest "
+                "logit of the last position, append that token's word embedding, and stop at <|im_end|> (not kept)"
+            )
+        )
+    p = int(differ[0])
+    for k, (_, a, b) in enumerate(img_pos.tolist()):
+        if p in (a, b):
+            return f"on {case} position {p} is a tag of picture {k}: <img> and </img> keep their word embeddings"
+        if a < p < b:
+            return (
+                f"on {case} position {p}, inside picture {k}'s span, does not hold that picture's row {p - a - 1}: "
+                "check where the fake ids start, how they go on from one picture to the next, and the row each reads"
+            )
+    return f"on {case} position {p} holds a text id: ids below vocab_size read their own row of the word embedding"
+
+
+@exercise("06.6", "the capstone: my_pipeline(model, tokenizer, pictures, question), the whole pipeline by hand")
+def check_pipeline(my_pipeline):
+    """The learner's pipeline against the package's on one picture and on two pictures in one prompt."""
+    if not callable(my_pipeline):
+        return "give your function itself (my_pipeline), not its result"
+    model, tokenizer = course()[3], course()[2]
+    for k, (pictures, question) in enumerate(CAPSTONE_CASES):
+        case = f"{' + '.join(pictures)} with {question!r}"
+        probe = Probe(model)
+        try:
+            with torch.inference_mode():
+                answer = my_pipeline(probe, tokenizer, [short_path(p) for p in pictures], question)
+        except NotImplementedError:
+            return NOT_ATTEMPTED
+        if answer is None:
+            return NOT_ATTEMPTED if k == 0 else f"on {case} your function returned None"
+        if not isinstance(answer, str):
+            return f"return the answer's text (a str), got {type(answer).__name__}"
+        expected, embeds, img_pos = capstone_reference(model, tokenizer, pictures, question)
+        hint = capstone_hint(case, probe, embeds, img_pos, answer == expected)
+        if hint is not None:
+            return hint
+    return None
+
+
+def SELF_CHECK():
+    """Notebook 06's self-check: its right options computed by the package where it can."""
+    logits = torch.tensor([[0.41, 0.35, 0.14, 0.1]]).log()  # a first token the model gives 41 %
+    kept = int((filter_logits(logits, 1.0, 0, 0.3) > -torch.inf).sum())
+    return (
+        Question(
+            "`output_ids` is `[batch, beams, input + new]`. Which slice holds request `i`'s answer on beam 0?",
+            (
+                wrong("`output_ids[0, len(input_ids):]`", "article 2's slice: it indexes beams with the batch size"),
+                wrong("`output_ids[i, len(ids_i):]`", "the second index picks the beam, not a position"),
+                right("`output_ids[i, 0, len(ids_i):]`", "request i, beam 0, after its own prompt"),
+                wrong("`output_ids[i, 0, :]`", "that row starts with the prompt, fake ids included"),
+            ),
+        ),
+        Question(
+            "Qwen-VL-Chat samples with `top_p` 0.3. The best first token holds 41 % of the probability, the next "
+            "35 %. How many tokens can a draw pick?",
+            (
+                right(str(kept), "the best token alone already holds 30 %: top_p keeps only it, like greedy"),
+                wrong("2", "top_p keeps the fewest best tokens whose probability reaches p; one is enough here"),
+                wrong("all of them", "that is top_p 1.0 (or 0: off)"),
+            ),
+        ),
+        Question(
+            "On what grid are the corners of a grounding answer's `<box>(x1,y1),(x2,y2)</box>`?",
+            (
+                wrong("pixels of the picture", "the model never sees the picture's size: corners are on a fixed grid"),
+                wrong("pixels of the 448×448 input", "the grid does not depend on the vision tower's input size"),
+                right("0–1000 over the picture's width and height", "scale each corner by the picture's own size"),
+                wrong("fractions from 0 to 1", "the corners are integers up to 1000"),
+            ),
+        ),
+        Question(
+            "Four requests go through one `generate_for_qwenvl` call, greedy. Compared with asking one at a time, "
+            "their answers are…",
+            (
+                right(
+                    "the same", "each request reads its own rows and its own cache; batching shares the weights' reads"
+                ),
+                wrong("better: the requests see each other", "no request attends to another's tokens"),
+                wrong("different, because short prompts are padded", "the engine keeps each prompt as it is"),
+            ),
+        ),
+    )

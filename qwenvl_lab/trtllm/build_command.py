@@ -22,7 +22,7 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
         why = (
             "an engine built with 0 has no prompt-table input and ignores the image (TensorRT-LLM issue #1300)"
             if configured == 0
-            else "each request's table sits at row slot × size / max_batch_size"
+            else "each request's table sits at row (its position in the step's batch) × size / max_batch_size"
         )
         raise ValueError(
             f"build_config.max_prompt_embedding_table_size is {configured}, but {images_per_request} image(s) per "

@@ -25,7 +25,7 @@ class EngineConfig:
 
     @property
     def rows_per_request(self) -> int:
-        """Table rows one request may use: request `slot`'s table is copied to row slot × this."""
+        """Table rows one request may use: the table of the request at position `batchIdx` of a step's batch is copied to row batchIdx × this."""
         return self.build.rows_per_request
 
 
