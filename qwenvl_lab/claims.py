@@ -318,7 +318,7 @@ CLAIMS = (
         "CLIP concatenates the features, then processes them (特征拼接后处理).",
         "CLIP concatenates nothing: no layer sees the text and the picture together.",
         "measured: transformers' CLIPModel: each tower's hidden states are unchanged when the other input changes, "
-        "and no output is as long as the text and the patches together",
+        "and neither tower's sequence is as long as the text and the patches together",
         "corrected",
     ),
     Claim(
