@@ -16,7 +16,6 @@ from qwenvl_lab.toy import batches as toy_batches
 from qwenvl_lab.toy import evaluate as toy_evaluate
 from qwenvl_lab.toy import train as toy_train
 from qwenvl_lab.toy.shapes import (
-    QUESTION_KINDS,
     COLORS,
     KINDS,
     LANGS,
