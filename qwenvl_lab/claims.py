@@ -154,7 +154,7 @@ CLAIMS = (
         "C9",
         1,
         "§6",
-        "Past 500 patches, merging neighbours saves 30% of compute for under 2% of accuracy.",
+        "Past 500 patches, merging neighbours saves 30% of compute at a 2% loss of accuracy (精度损失2%).",
         "No model, data set or metric is named. Qwen-VL's resampler gives the language model 256 rows per picture "
         "whatever the picture; notebook 07 pools them 2 × 2 on the toy model as a demonstration.",
         "not checkable here: no model, data set or metric is named",
@@ -175,7 +175,7 @@ CLAIMS = (
         "C11",
         1,
         "§5.2",
-        "A batch's second request starts its fake ids at 200000, one 'unified namespace'.",
+        "One 'unified namespace' of fake ids for a batch's requests, 'batch1' starting at 200000 (如batch1从200000开始).",
         "run.py numbers the fake ids from vocab_size over all pictures of one table; the C++ executor starts every "
         "request at vocab_size and copies its table to row batchIdx × max_prompt_embedding_table_size / "
         "max_batch_size. Neither uses 200000, which would read row 48,064.",
@@ -230,7 +230,7 @@ CLAIMS = (
         "C16",
         2,
         "§6.2",
-        "FP16 with loss scaling saves about 40% of memory against FP32.",
+        "FP16 with loss scaling saves 40% of GPU memory (显存) against FP32.",
         "Weights, KV cache and activations halve exactly; only fixed costs (libraries, the CUDA context, "
         "workspaces) make a whole-process figure shrink less. Loss scaling belongs to training.",
         "measured: resident memory of fresh processes holding the toy model's weights as PyTorch float32 and "
@@ -318,7 +318,7 @@ CLAIMS = (
         "CLIP concatenates the features, then processes them (特征拼接后处理).",
         "CLIP concatenates nothing: no layer sees the text and the picture together.",
         "measured: transformers' CLIPModel: each tower's hidden states are unchanged when the other input changes, "
-        "and no output is as long as the text and the patches together",
+        "and neither tower's sequence is as long as the text and the patches together",
         "corrected",
     ),
     Claim(

@@ -147,7 +147,8 @@ def bare_injections(model, input_ids, input_vit: torch.Tensor) -> dict:
 
     - TensorRT-LLM's PromptTuningEmbedding formula, from fake ids: a mask of ids >= vocab_size, two gathers, a where;
     - Qwen-VL's forward: embed the ids, find <img>/</img>, overwrite the rows between them;
-    - HF transformers / vLLM: embed <imgpad> placeholders, masked_scatter the features into them.
+    - transformers (vLLM assigns the same rows through a boolean mask): embed <imgpad> placeholders, masked_scatter
+      the features into them.
     """
     input_ids = as_batch(input_ids)  # [B, L] chat ids whose image spans hold the paths
     vocab_size, wte = model.config.vocab_size, model.transformer.wte.weight  # wte: [V, H]
@@ -175,7 +176,7 @@ def bare_injections(model, input_ids, input_vit: torch.Tensor) -> dict:
         hidden = F.embedding(padded, wte)
         return hidden.masked_scatter((padded == IMAGE_PAD_ID)[..., None].expand_as(hidden), features)
 
-    return {"prompt-table lookup": lookup, "overwrite (Qwen-VL)": overwrite, "masked_scatter (HF, vLLM)": scatter}
+    return {"prompt-table lookup": lookup, "overwrite (Qwen-VL)": overwrite, "masked_scatter (transformers)": scatter}
 
 
 def injection_times(model, input_ids, input_vit: torch.Tensor, runs: int = 5, length: int = 20) -> tuple[dict, bool]:

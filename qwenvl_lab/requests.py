@@ -244,8 +244,18 @@ def check_request(
         table = table.reshape(-1, hidden_size)  # [tables · rows, H]
     else:  # one flat table (run.py's session): rows (id - V) + task · task_vocab_size
         tvs = table.shape[0] if task_vocab_size is None else _scalar(task_vocab_size, "task_vocab_size")
+        if tvs == 0 and not any(bool((seq >= vocab_size).any()) for seq in ids):
+            # TensorRT-LLM's inputs for requests without pictures: a one-row table that no id reads (run.py and
+            # ModelRunner leave it uninitialised), task_vocab_size 0
+            if prompt_tasks is not None:
+                parse_tasks(prompt_tasks, len(ids), 1)
+            check_spans_hold_fake_ids(ids, vocab_size)
+            return CheckedRequest(ids, None, [0] * len(ids), 0, vocab_size)
         if tvs < 1:
-            raise ValueError(f"task_vocab_size must be >= 1 (rows per task), got {tvs}")
+            raise ValueError(
+                f"task_vocab_size must be >= 1 (rows per task), got {tvs}; 0 goes only with requests that hold no "
+                "fake ids (a placeholder table for requests without pictures)"
+            )
         num_tables, default = -(-table.shape[0] // tvs), [0] * len(ids)
     tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), num_tables)
     checked = CheckedRequest(ids, table, tasks, tvs, vocab_size)

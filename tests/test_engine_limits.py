@@ -87,6 +87,26 @@ def test_fake_ids_and_path_spans_need_a_table(runner):
         runner.generate([path_span], max_new_tokens=2)
 
 
+def test_text_only_requests_take_tensorrt_llms_placeholder_table(runner):
+    """run.py and ModelRunner send a one-row table nobody reads (left uninitialised) and task_vocab_size 0."""
+    text = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
+    placeholder = torch.full((1, H), float("nan"))  # what torch.empty may hold: never read
+    out = runner.generate(
+        text,
+        prompt_table=placeholder,
+        prompt_tasks="0,0",
+        task_vocab_size=torch.zeros(1, dtype=torch.int32),
+        max_new_tokens=3,
+    )
+    assert torch.equal(out, runner.generate(text, max_new_tokens=3))
+    with pytest.raises(
+        ValueError, match="task_vocab_size must be >= 1 .* 0 goes only with requests that hold no fake ids"
+    ):
+        runner.generate([image_request()], prompt_table=torch.zeros(1, H), task_vocab_size=0, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"prompt_table must be \[rows, 128\]"):  # PR #2470: still the model's width
+        runner.generate(text, prompt_table=torch.zeros(1, H // 2), task_vocab_size=0, max_new_tokens=2)
+
+
 def test_fake_ids_outside_their_table(runner):
     with pytest.raises(
         ValueError, match=r"id 152192 at position 259 reads prompt-table row 256, but the table has 256 rows"

@@ -92,6 +92,14 @@ def extras_by_sorted_names(batch_input_ids, vocab_size, pictures):
     return out
 
 
+def extras_by_hash(batch_input_ids, vocab_size, pictures):
+    """An id from a hash of the picture's name, as a server would key pictures by their content."""
+    return [
+        [0 if t < vocab_size else abs(hash(names[(t - vocab_size) // 256])) % 10**6 + 1 for t in request]
+        for request, names in zip(batch_input_ids, pictures)
+    ]
+
+
 def extras_per_request(batch_input_ids, vocab_size, pictures):
     return [[0 if t < vocab_size else r + 1 for t in request] for r, request in enumerate(batch_input_ids)]
 
@@ -119,6 +127,9 @@ def stub(*args):
 CASES = [
     ("08.1", row_arithmetic, True, "correct"),
     ("08.1", row_by_blocks, True, "correct"),
+    ("08.1", lambda *a: np.int64(row_arithmetic(*a)), True, "correct"),
+    ("08.1", lambda f, b, p, size, m: torch.tensor(int(b * (size / m)) + f - V), True, "correct"),
+    ("08.1", lambda f, b, p, size, m: b * (size // 8) + f - V, False, "a block per request"),  # max_batch_size ignored
     ("08.1", row_with_prompt_vocab_size, False, "ignores the request's prompt_vocab_size"),
     ("08.1", row_in_own_table, False, "own table"),
     ("08.1", row_off_by_one, False, "off by one"),
@@ -133,6 +144,7 @@ CASES = [
     ("08.2", lambda *a: None, False, "not attempted yet"),
     ("08.3", extras_by_name, True, "correct"),
     ("08.3", extras_by_sorted_names, True, "correct"),
+    ("08.3", extras_by_hash, True, "correct"),
     ("08.3", extras_per_request, False, "the same picture must carry the same extra id"),
     ("08.3", extras_per_position, False, "the same picture must carry the same extra id"),
     ("08.3", extras_all_ones, False, "share an extra id"),

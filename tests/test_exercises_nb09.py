@@ -4,6 +4,7 @@ plausible wrong ones."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import qwenvl_lab.exercises as exercises
 from qwenvl_lab.exercises import check
@@ -26,6 +27,8 @@ def loop_fuse(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
         for i in input_ids
     ]
     out = [next(rows) if m else embedding_layer.weight[int(i)] for i, m in zip(input_ids, image)]
+    if next(rows, None) is not None:
+        raise ValueError("more feature rows than multimodal positions")
     return None, torch.stack(out)
 
 
@@ -69,20 +72,60 @@ def empty_features_as_zeros(embedding_layer, input_ids, mm_embeds, mm_token_ids=
     return fuse_input_embeds(embedding_layer, input_ids, mm_embeds, mm_token_ids)
 
 
+def empty_features_lose_the_ids(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    if not mm_embeds:
+        return None, None
+    return fuse_input_embeds(embedding_layer, input_ids, mm_embeds, mm_token_ids)
+
+
+def scatter_with_f_embedding(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    """Vectorised another way: F.embedding on clamped ids, then masked_scatter; counts checked first."""
+    if len(mm_embeds) == 0:
+        return input_ids, None
+    rows = embedding_layer.weight.shape[0]
+    mask = input_ids >= rows if mm_token_ids is None else torch.isin(input_ids, torch.as_tensor(mm_token_ids))
+    features = torch.cat(list(mm_embeds))
+    if int(mask.sum()) != len(features):
+        raise ValueError("multimodal token count mismatch")
+    embeds = F.embedding(input_ids.clamp(max=rows - 1), embedding_layer.weight)
+    return None, embeds.masked_scatter(mask[:, None], features)
+
+
+def scatter_without_count_check(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    if len(mm_embeds) == 0:
+        return input_ids, None
+    rows = embedding_layer.weight.shape[0]
+    mask = input_ids >= rows if mm_token_ids is None else torch.isin(input_ids, torch.as_tensor(mm_token_ids))
+    embeds = F.embedding(input_ids.clamp(max=rows - 1), embedding_layer.weight)
+    return None, embeds.masked_scatter(mask[:, None], torch.cat(list(mm_embeds)))  # extra rows dropped silently
+
+
+def rows_cut_to_fit(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    if len(mm_embeds) == 0:
+        return input_ids, None
+    mask = input_ids >= embedding_layer.num_embeddings if mm_token_ids is None else torch.isin(input_ids, mm_token_ids)
+    out = torch.empty(len(input_ids), embedding_layer.embedding_dim)
+    out[~mask] = embedding_layer(input_ids[~mask])
+    out[mask] = torch.cat(mm_embeds)[: int(mask.sum())]
+    return None, out
+
+
 def stub(embedding_layer, input_ids, mm_embeds, mm_token_ids=None): ...  # your code
 
 
 RIGHT = [
     ("09.1", fuse_input_embeds),
     ("09.1", loop_fuse),
+    ("09.1", scatter_with_f_embedding),
     ("09.2", 512),
     ("09.2", np.int64(512)),
     ("09.2", torch.tensor(512)),
-    ("09.3", (151652, 151653, 151655)),
-    ("09.3", [151652, 151653, 151655]),
-    ("09.3", torch.tensor([151652, 151653, 151655])),
-    ("09.4", 23),
-    ("09.4", torch.tensor(23)),
+    ("09.3", {151652: 1, 151653: 1, 151654: 0, 151655: 1196}),
+    ("09.3", {151652: 1, 151653: 1, 151655: 1196}),  # an id left out counts 0
+    ("09.3", {np.int64(151652): np.int64(1), 151653: torch.tensor(1), 151655: 1196}),
+    ("09.4", 38),
+    ("09.4", torch.tensor(38)),
+    ("09.4", np.int64(38)),
 ]
 
 WRONG = [  # (key, answer, what the hint must say, a number it must not give away)
@@ -92,6 +135,9 @@ WRONG = [  # (key, answer, what the hint must say, a number it must not give awa
     ("09.1", only_the_embeddings, "return a pair", None),
     ("09.1", in_place, "changed input_ids", None),
     ("09.1", empty_features_as_zeros, "(input_ids, None)", None),
+    ("09.1", empty_features_lose_the_ids, "(input_ids, None)", None),
+    ("09.1", scatter_without_count_check, "count mismatch", None),
+    ("09.1", rows_cut_to_fit, "count mismatch", None),
     ("09.1", stub, "not attempted yet", None),
     ("09.1", "fuse_input_embeds", "pass your function itself", None),
     ("09.2", 2048, "patches", 512),
@@ -99,14 +145,20 @@ WRONG = [  # (key, answer, what the hint must say, a number it must not give awa
     ("09.2", 514, "<|image_pad|> ids only", 512),
     ("09.2", 256, "Qwen-VL's fixed span", 512),
     ("09.2", 512.0, "whole number", None),
-    ("09.3", (151857, 151858, 151859), "Qwen-VL's <img>", 151655),
-    ("09.3", (151652, 151653, 151654), "image_token_id", 151655),
-    ("09.3", (151643, 151644, 151645), "among the article's first four ids", 151655),
-    ("09.3", 151655, "three ids", None),
-    ("09.4", 79, "1-D RoPE", 23),
-    ("09.4", 22, "one step more", 23),
-    ("09.4", 15, "grid starts", 23),
-    ("09.4", "23", "whole number", None),
+    ("09.3", {151652: 1, 151653: 196, 151655: 0}, "<|vision_end|>", 1196),  # the article's reading
+    ("09.3", {151652: 1, 151653: 1, 151655: 256}, "Qwen-VL's fixed span", 1196),
+    ("09.3", {151652: 1, 151653: 1, 151655: 4784}, "14 × 14 patches", 1196),
+    ("09.3", {151652: 1, 151653: 1, 151654: 1, 151655: 1196}, "151654 is none", 1196),
+    ("09.3", {151652: 1, 151653: 1, 151655: 299}, "image_token_count", 1196),  # the 640 × 360 picture's span
+    ("09.3", (151652, 151653, 151655), "give a dict", 1196),  # which ids, not how often
+    ("09.3", {151857: 1, 151858: 1, 151859: 256}, "give a dict", 1196),  # Qwen-VL's ids
+    ("09.4", 314, "1-D RoPE", 38),
+    ("09.4", 37, "one step more", 38),
+    ("09.4", 61, "14-pixel patches", 38),
+    ("09.4", 28, "longer side", 38),
+    ("09.4", 15, "grid starts", 38),
+    ("09.4", 23, "224 × 224 picture's answer", 38),  # the value the notebook prints for its own picture
+    ("09.4", "38", "whole number", None),
 ]
 
 

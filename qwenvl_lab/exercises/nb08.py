@@ -1,17 +1,15 @@
 """Exercises of notebook 08 (troubleshooting): the executor's table row, a tensor-parallel rank's empty table, extra
 ids for KV-cache reuse; and its self-check."""
 
-import numbers
-
 import torch
 
 from ..limits import BuildConfig
 from ..modeling import QWenVLConfig
 from ..tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 from . import exercise
+from .nb03 import NOT_ATTEMPTED, whole_number
 from .selfcheck import Question, right, wrong
 
-NOT_ATTEMPTED = "not attempted yet — the function returns None (or raises NotImplementedError): write its body"
 V = MODEL_VOCAB_SIZE
 
 # 08.1: (fake id, the request's position in the step's batch, the prompt_vocab_size the request was sent with,
@@ -20,18 +18,11 @@ ROW_CASES = (
     (V, 0, 256, 2048, 8),
     (V + 255, 3, 256, 2048, 8),
     (V + 10, 1, 256, 4096, 8),  # blocks of 512 rows, tables of 256
-    (V + 300, 2, 512, 4096, 4),  # blocks of 1024
+    (V + 200, 2, 256, 4096, 4),  # blocks of 1024, tables of 256
     (V + 7, 5, 64, 2048, 8),
 )
 # 08.2: (one rank's hidden size, tp_size, requests, engine dtype)
 EMPTY_CASES = ((2048, 2, 1, torch.float16), (1024, 4, 3, torch.bfloat16), (128, 1, 2, torch.float32))
-
-
-def _int(value) -> int | None:
-    """An int given as a Python or numpy integer or a one-element integer tensor, else None."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
-        value = value.item()
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
 
 
 def _call(function, *args):
@@ -51,7 +42,7 @@ def executor_row(function):
         result = _call(function, fake_id, batch_index, prompt_vocab_size, size, max_batch)
         if result is None:
             return NOT_ATTEMPTED
-        row = _int(result)
+        row = whole_number(result)
         if row is None:
             return f"return the row as an int, got {type(result).__name__}"
         block, offset = size // max_batch, fake_id - V
@@ -169,7 +160,7 @@ def SELF_CHECK():
             (
                 wrong("0", "that is the row in its own table; the runtime copies that table to the request's block"),
                 right(str(block), f"position 1 × the block, 2048 / 8 = {block} rows, whatever prompt_vocab_size says"),
-                wrong(str(2 * block), "that is where run.py's numbering (ids counting on over the batch) ends up"),
+                wrong(str(2 * block), "that is the block of the request at position 2: positions count from 0"),
                 wrong(str(V), "that is the fake id itself; rows are counted from the table's start"),
             ),
         ),

@@ -7,13 +7,24 @@ from PIL import Image
 from torch import nn
 
 from ..placeholder_merge import TLLM_SENTINEL_OFFSET, fuse_input_embeds
-from ..qwen2_vl import IMAGE_TOKEN_ID, image_inputs, image_token_count, qwen2_vl_prompt, rope_positions, tiny_qwen2_vl
+from ..qwen2_vl import (
+    IMAGE_TOKEN_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+    image_inputs,
+    image_token_count,
+    qwen2_vl_prompt,
+    rope_positions,
+    tiny_qwen2_vl,
+)
 from ..tokenizing import load_tokenizer
 from . import exercise
 from .nb03 import NOT_ATTEMPTED, number_hint, whole_number
 
 V = 50  # the cases' small vocabulary: ids 0 … 49 are text
 PICTURE_SIZE = (896, 448)  # width × height of exercise 09.2's picture
+COUNT_PICTURE_SIZE = (1280, 720)  # exercise 09.3's picture
+ROPE_PICTURE_SIZE = (640, 360)  # exercise 09.4's picture
 ARTICLE_IDS = (151652, 151653, 151654, 151655)  # the first ids of article 1's example sequence (§2.2)
 
 
@@ -83,7 +94,8 @@ def fuse_hint(case, result) -> str | None:
     "Write TensorRT-LLM's fuse_input_embeds(embedding_layer, input_ids, mm_embeds, mm_token_ids=None) for packed ids",
 )
 def check_fuse_input_embeds(my_fuse):
-    """Compare the learner's merge with the package's on a sentinel, fake ids from vocab_size, and mm_token_ids."""
+    """Compare the learner's merge with the package's on a sentinel, fake ids from vocab_size and mm_token_ids; no
+    features must give the ids back, and more feature rows than positions an error."""
     if not callable(my_fuse):
         return f"pass your function itself (my_fuse_input_embeds), not a {type(my_fuse).__name__}"
     for case in fuse_cases():
@@ -103,10 +115,25 @@ def check_fuse_input_embeds(my_fuse):
         hint = fuse_hint(case, result)
         if hint is not None:
             return hint
-    result = my_fuse(fuse_cases()[0][1], torch.tensor([1, 2]), [], None)
-    if not isinstance(result, (tuple, list)) or len(result) != 2 or result[1] is not None:
+    layer, ids = fuse_cases()[0][1], torch.tensor([1, 2])
+    result = my_fuse(layer, ids.clone(), [], None)
+    if (
+        not isinstance(result, (tuple, list))
+        or len(result) != 2
+        or result[1] is not None
+        or not isinstance(result[0], torch.Tensor)
+        or not torch.equal(result[0], ids)
+    ):
         return "with no features (mm_embeds empty) return (input_ids, None): the ids go on to the embedding layer"
-    return None
+    name, layer, ids, mm_embeds, mm_token_ids = fuse_cases()[0]
+    try:
+        my_fuse(layer, ids.clone(), [torch.cat([mm_embeds[0], mm_embeds[0][:1]])], mm_token_ids)
+    except Exception:  # any error will do: TensorRT-LLM raises a ValueError, a plain assignment fails
+        return None
+    return (
+        "given 4 feature rows for 3 multimodal positions your function returned an answer: TensorRT-LLM raises "
+        '("Multimodal token count mismatch") rather than drop or repeat rows silently'
+    )
 
 
 @lru_cache(maxsize=1)
@@ -132,68 +159,86 @@ def check_picture_tokens(answer):
     )
 
 
-def three_ids(answer) -> tuple | None:
-    """`answer` as three whole numbers, or None."""
-    if isinstance(answer, torch.Tensor):
-        answer = answer.reshape(-1).tolist()
-    if hasattr(answer, "tolist"):  # numpy
-        answer = answer.tolist()
-    if not isinstance(answer, (tuple, list)) or len(answer) != 3:
+@lru_cache(maxsize=1)
+def article_id_counts() -> dict:
+    """How often each of ARTICLE_IDS appears in a Qwen2-VL prompt with one picture of COUNT_PICTURE_SIZE, its span as
+    long as transformers' image processor makes it."""
+    tokens = image_token_count(image_inputs([Image.new("RGB", COUNT_PICTURE_SIZE)])["image_grid_thw"][0])
+    ids = qwen2_vl_prompt(load_tokenizer(), "图片里是什么？", [tokens])
+    return {i: ids.count(i) for i in ARTICLE_IDS}
+
+
+def id_counts(answer) -> dict | None:
+    """`answer` as {id: count} over ARTICLE_IDS (ids it leaves out count 0), or None when it is not such a dict."""
+    if not isinstance(answer, dict):
         return None
-    values = tuple(whole_number(a) for a in answer)
-    return None if None in values else values
+    counts = {}
+    for key, value in answer.items():
+        key, value = whole_number(key), whole_number(value)
+        if key is None or value is None or key not in ARTICLE_IDS:
+            return None
+        counts[key] = value
+    return {i: counts.get(i, 0) for i in ARTICLE_IDS}
 
 
 @exercise(
     "09.3",
-    "which of article 1's ids 151652, 151653, 151654, 151655 Qwen2-VL reads as <|vision_start|>, <|vision_end|> and "
-    "<|image_pad|>: answer (start, end, pad)",
+    "how often each of article 1's ids 151652, 151653, 151654 and 151655 appears in a Qwen2-VL prompt with one "
+    "1280 × 720 picture: answer {id: count}",
 )
 def check_article_ids(answer):
-    """(vision_start_token_id, vision_end_token_id, image_token_id) of transformers' Qwen2VLConfig."""
-    from transformers import Qwen2VLConfig
-
-    config = Qwen2VLConfig()
-    expected = (config.vision_start_token_id, config.vision_end_token_id, config.image_token_id)
-    values = three_ids(answer)
-    if values is None:
-        return f"give three ids as a tuple (start, end, pad), not {answer!r}"
-    if values == expected:
+    """{id: count} of the article's first four ids in qwen2_vl_prompt for a 1280 × 720 picture."""
+    expected = article_id_counts()
+    counts = id_counts(answer)
+    if counts is None:
+        return "give a dict {id: count} whose keys are among 151652, 151653, 151654 and 151655"
+    if counts == expected:
         return None
-    if values == (151857, 151858, 151859):
-        return "those are Qwen-VL's <img>, </img>, <imgpad>; the article's ids are Qwen2-VL's, read them in its config"
-    if values[:2] == expected[:2]:
-        return "the start and end are right; the image placeholder is Qwen2VLConfig's image_token_id"
-    if not set(values) <= set(ARTICLE_IDS):
-        return "pick the three among the article's first four ids, the ones the question lists"
-    return "read vision_start_token_id, vision_end_token_id and image_token_id off transformers' Qwen2VLConfig()"
+    start, end, pad = VISION_START_ID, VISION_END_ID, IMAGE_TOKEN_ID
+    if counts[end] > 1:
+        return "the article reads 151653 as an image patch; in Qwen2-VL it is <|vision_end|>, once per picture"
+    if counts[151654] != expected[151654]:
+        return "151654 is none of the picture's ids in Qwen2VLConfig (vision_start, vision_end, image_token)"
+    if counts[start] != expected[start] or counts[end] != expected[end]:
+        return "one <|vision_start|> and one <|vision_end|> around each picture"
+    if counts[pad] == 256:
+        return "256 is Qwen-VL's fixed span; Qwen2-VL's follows the picture's size: measure it with image_inputs"
+    if counts[pad] == expected[pad] * 4:
+        return "that counts the 14 × 14 patches; 2 × 2 of them merge into one <|image_pad|>"
+    return "the <|image_pad|> count is the picture's: image_token_count of its image_grid_thw"
 
 
 @lru_cache(maxsize=1)
-def vision_end_position() -> tuple[int, int]:
-    """(position of the first <|image_pad|>, M-RoPE position of <|vision_end|>) in exercise 09.4's prompt."""
-    ids = torch.tensor([qwen2_vl_prompt(load_tokenizer(), "图片里是什么？", [64])])
+def vision_end_position() -> tuple[int, int, int, tuple]:
+    """(position of the first <|image_pad|>, M-RoPE position of <|vision_end|>, the picture's <|image_pad|> ids, its
+    image_grid_thw) in exercise 09.4's prompt: one picture of ROPE_PICTURE_SIZE."""
+    grid = image_inputs([Image.new("RGB", ROPE_PICTURE_SIZE)])["image_grid_thw"][0]
+    tokens = image_token_count(grid)
+    ids = torch.tensor([qwen2_vl_prompt(load_tokenizer(), "图片里是什么？", [tokens])])
     first = int((ids[0] == IMAGE_TOKEN_ID).nonzero()[0])
-    positions, _ = rope_positions(tiny_qwen2_vl(), ids, [[1, 16, 16]])  # 224 × 224: an 8 × 8 grid of tokens
-    return first, int(positions[0, 0, first + 64])
+    positions, _ = rope_positions(tiny_qwen2_vl(), ids, [grid.tolist()])
+    return first, int(positions[0, 0, first + tokens]), tokens, tuple(grid.tolist())
 
 
 @exercise(
     "09.4",
-    "with M-RoPE, the position of <|vision_end|> after a 224 × 224 picture in qwen2_vl_prompt(tokenizer, "
-    '"图片里是什么？", [64])',
+    "with M-RoPE, the position of <|vision_end|> after a 640 × 360 picture in qwen2_vl_prompt(tokenizer, "
+    '"图片里是什么？", [299])',
 )
 def check_vision_end_position(answer):
     """transformers' get_rope_index: text after the picture continues max(h, w) / merge_size positions on."""
-    first, expected = vision_end_position()
+    first, expected, tokens, (_, h, w) = vision_end_position()
     return number_hint(
         answer,
         expected,
         {
-            first + 64: "that is 1-D RoPE, one position per token; M-RoPE gives the 64 tokens an 8 × 8 grid",
-            first + 65: "that is 1-D RoPE, one position per token; M-RoPE gives the 64 tokens an 8 × 8 grid",
-            expected - 1: "that is the last image token's row and column; the next id takes one step more",
-            first: "that is where the picture's grid starts; the grid spans 8 rows and 8 columns",
+            first + tokens: "that is 1-D RoPE, one position per token; M-RoPE lays the tokens out on their grid",
+            first + tokens + 1: "that is 1-D RoPE, one position per token; M-RoPE lays the tokens out on their grid",
+            expected - 1: "that is the last image token's column; the next id takes one step more",
+            first + max(h, w): "image_grid_thw counts 14-pixel patches; the tokens' grid is 2 × 2 patches coarser",
+            first + min(h, w) // 2: "the text resumes after the longer side of the tokens' grid, not the shorter",
+            first: "that is where the picture's grid starts; the text resumes after it",
+            first + 8: "that is the 224 × 224 picture's answer (an 8 × 8 grid); this picture's grid is another",
         },
     )
 
