@@ -1,6 +1,8 @@
 """Shared test fixtures: the tiny random Qwen-VL checkpoint, its model, the tokenizer and small pictures."""
 
 import os
+import signal
+from contextlib import contextmanager
 
 # Without an NVIDIA driver the engine's Triton kernels run through Triton's interpreter: this must be set before
 # triton is first imported (torch may import it), so before torch
@@ -78,3 +80,19 @@ def toy_chat(tmp_path_factory):
     config = BuildConfig(max_batch_size=1, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=1024)
     engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), config)
     return ModelRunner.from_dir(engine), load_engine_vision_tower(engine), load_tokenizer(engine)
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """Fail what runs longer than `seconds` inside the block (a hang, or work that grows faster than its input)."""
+
+    def stop(signum, frame):
+        raise AssertionError(f"ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -8,19 +8,22 @@ with `@fuzz(ci_examples)` whose body runs the call through `outcome(...)` and th
 import io
 import math
 import os
-import signal
+import re
 import unicodedata
-from contextlib import contextmanager
+from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
+from conftest import time_limit
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from qwenvl_lab import grounding
 from qwenvl_lab.checkpoint import CheckpointError
 from qwenvl_lab.fake_ids import replace_image_spans
+from qwenvl_lab.grounding import to_list_format
 from qwenvl_lab.img_pos import as_batch, locate_img_pos
 from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup, to_torch_dtype
@@ -67,22 +70,6 @@ def fuzz(ci_examples: int):
     return settings(profile, max_examples=ci_examples) if PROFILE == "ci" else profile
 
 
-@contextmanager
-def time_limit(seconds: int = EXAMPLE_SECONDS):
-    """Fail an example that runs longer than `seconds` (a hang)."""
-
-    def stop(signum, frame):
-        raise AssertionError(f"an example ran longer than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 class Refused:
     """The deliberate error a call raised."""
 
@@ -95,7 +82,7 @@ class Refused:
 
 def outcome(call, *args, **kwargs):
     """The call's result, or Refused(error) for a deliberate error with a message; any other exception fails."""
-    with time_limit():
+    with time_limit(EXAMPLE_SECONDS):
         try:
             result = call(*args, **kwargs)
         except ALLOWED_ERRORS as error:
@@ -766,3 +753,40 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
     out = outcome(load, engine)
     assert refused(out), f"an engine with {name} damaged ({damage}) was loaded"
     _shutil.rmtree(engine.parent)
+
+
+# grounding: plain text read in linear time, as the one-regex reading reads it
+
+QWEN_TEXT_TAGS = re.compile(r"<img>(.*?)</img>|(<img>|</?ref>|</?box>)", re.DOTALL)  # nearest </img> closes an <img>
+TAG_FRAGMENTS = ["<img>", "</img>", "<ref>", "</ref>", "<box>", "</box>", "(1,2),(3,4)", "a", "\n", "Picture 1: ", "<"]
+
+
+def regex_pieces(text: str) -> list[tuple[str, str]]:
+    """The pieces of text as one regex reads them (an unclosed <img> searches the rest of the text: quadratic)."""
+    pieces, end = [], 0
+    for m in QWEN_TEXT_TAGS.finditer(text):
+        pieces += [("text", text[end : m.start()]), ("tag", m[2]) if m[2] else ("image", m[1])]
+        end = m.end()
+    return pieces + [("text", text[end:])]
+
+
+@fuzz(300)
+@given(text=st.lists(st.one_of(st.sampled_from(TAG_FRAGMENTS), st.text(max_size=4)), max_size=30).map("".join))
+def test_text_is_read_as_the_regex_reads_it(text):
+    assert grounding._text_pieces(text) == regex_pieces(text)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # strict=False warns about every malformed tag
+@settings(fuzz(30), deadline=timedelta(seconds=3))  # linear: < 0.2 s for 200,000 characters; quadratic: > 30 s
+@given(
+    unit=st.lists(st.sampled_from(TAG_FRAGMENTS), min_size=1, max_size=6).map("".join),
+    length=st.integers(1, 200_000),
+    strict=st.booleans(),
+)
+def test_reading_grounding_text_takes_linear_time(unit, length, strict):
+    text = (unit * (length // len(unit) + 1))[:length]
+    out = outcome(to_list_format, text, strict=strict)
+    if refused(out):
+        assert strict and type(out.error) is ValueError
+    else:
+        assert all(e.keys() in ({"text"}, {"image"}, {"ref"}, {"box"}, {"ref", "box"}) for e in out)
