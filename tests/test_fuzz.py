@@ -790,3 +790,61 @@ def test_reading_grounding_text_takes_linear_time(unit, length, strict):
         assert strict and type(out.error) is ValueError
     else:
         assert all(e.keys() in ({"text"}, {"image"}, {"ref"}, {"box"}, {"ref", "box"}) for e in out)
+
+
+# pictures: an upload gives the pixels of the same file read from its path, in every mode Pillow reads
+
+PICTURE_MODES = ("1", "L", "P", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "I", "F", "LA", "PA", "I;16", "I;16B")
+PICTURE_FORMATS = ("PNG", "TIFF", "JPEG", "WEBP", "BMP", "GIF", "PPM", "TGA", "ICO", "JPEG2000", "PCX", "SGI")
+
+
+def random_picture(mode: str, pixels: np.ndarray) -> Image.Image:
+    """A picture in `mode` from random 16-bit samples [H, W, 3]."""
+    if mode == "F":
+        return Image.fromarray(pixels[..., 0].astype(np.float32) / 50000.0, mode="F")  # a few pixels past 1.0
+    if mode == "I":
+        return Image.fromarray(pixels[..., 0].astype(np.int32) * 2 - 20000, mode="I")  # negatives and past 65535
+    if mode.startswith("I;16"):
+        picture = Image.new(mode, pixels.shape[1::-1])
+        picture.putdata(pixels[..., 0].reshape(-1).tolist())
+        return picture
+    return Image.fromarray((pixels >> 8).astype(np.uint8)).convert(mode)
+
+
+def saves_and_reopens(mode: str, fmt: str) -> bool:
+    out = io.BytesIO()
+    try:
+        random_picture(mode, np.zeros((2, 2, 3), dtype=np.uint16)).save(out, fmt)
+        Image.open(io.BytesIO(out.getvalue())).load()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+MODE_FORMATS = [(m, f) for m in PICTURE_MODES for f in PICTURE_FORMATS if saves_and_reopens(m, f)]
+
+
+@fuzz(200)
+@given(
+    mode_format=st.sampled_from(MODE_FORMATS),
+    size=st.tuples(st.integers(1, 24), st.integers(1, 24)),
+    seed=st.integers(0, 2**32 - 1),
+    exif_transpose=st.booleans(),
+)
+def test_an_upload_reads_as_the_file_from_its_path(picture_file, mode_format, size, seed, exif_transpose):
+    from qwenvl_lab.widgets import picture_from_upload
+
+    mode, fmt = mode_format
+    pixels = np.random.default_rng(seed).integers(0, 65536, (size[1], size[0], 3), dtype=np.uint16)
+    out = io.BytesIO()
+    random_picture(mode, pixels).save(out, fmt)
+    data = out.getvalue()
+    picture_file.write_bytes(data)
+    from_path = outcome(load_image, picture_file, exif_transpose=exif_transpose)
+    assert not refused(from_path), f"{mode} saved as {fmt}: {from_path}"
+    event(f"{Image.open(io.BytesIO(data)).mode} read from {fmt}")
+    expected = np.asarray(from_path)
+    assert np.array_equal(np.asarray(load_image(data, exif_transpose=exif_transpose)), expected)
+    assert np.array_equal(np.asarray(load_image(Image.open(io.BytesIO(data)), exif_transpose)), expected)
+    if not exif_transpose:
+        assert np.array_equal(np.asarray(picture_from_upload(({"content": memoryview(data)},))), expected)
