@@ -708,7 +708,7 @@ def small_engine(tmp_path_factory):
     )
 
 
-DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty")
+DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty", "change in place")
 
 
 @fuzz(25)
@@ -732,6 +732,13 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
         path.write_bytes(path.read_bytes()[: data.draw(st.integers(0, max(kept, 0)))])
     elif damage == "empty":
         path.write_bytes(b"")
+    elif damage == "change in place":  # the same size: only the checksums can tell
+        content = bytearray(path.read_bytes())
+        if not content:
+            return
+        where = data.draw(st.integers(0, len(content) - 1))
+        content[where] ^= data.draw(st.integers(1, 255))
+        path.write_bytes(bytes(content))
     else:
         config = _json.loads(path.read_text())
         keys = sorted(config) if isinstance(config, dict) else []

@@ -16,13 +16,11 @@ from ..requests import check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
-from .build import load_engine_config, load_engine_weights
+from .build import TUNING_FILE, load_engine_config, load_engine_weights
 from .cuda_graphs import DecodeGraphs
 from .decode import choose_backend, make_decode_step
 from .forward import LanguageModelEngine
 from .sampling import penalize_repetition, sample_tokens
-
-TUNING_FILE = "tuning.json"  # beside an engine: the decode kernels' tuned choices, per GPU and Triton version
 
 
 class GenerationStream:
@@ -104,10 +102,13 @@ class ModelRunner:
         self._load_choices()
 
     @classmethod
-    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto", warm_up=None) -> "ModelRunner":
-        """Load an engine directory written by build_engine onto `device`; warm_up (default: on CUDA) does the decode
-        step's first run now rather than in the first question (`warm_up()`)."""
-        build_config, pretrained = load_engine_config(engine_dir)
+    def from_dir(
+        cls, engine_dir, device="cpu", decode_backend: str = "auto", warm_up=None, verify: str = "full"
+    ) -> "ModelRunner":
+        """Load an engine directory written by build_engine onto `device`, every file checked against its manifest
+        (`verify`: "full" reads every byte, "quick" samples large files, "none" checks sizes; see verify_engine);
+        warm_up (default: on CUDA) does the decode step's first run now rather than in the first question."""
+        build_config, pretrained = load_engine_config(engine_dir, verify)
         runner = cls(
             build_config,
             pretrained,
