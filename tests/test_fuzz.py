@@ -181,6 +181,28 @@ def test_valid_element_lists_encode(tokenizer, elements, history_turns):
     assert context.count(IMAGE_START_ID) == len(paths) * (history_turns + 1)
 
 
+QWEN_ANSWER_TAGS = {"<ref>", "</ref>", "<box>", "</box>", "<quad>", "</quad>"}  # Qwen-VL's IMAGE_ST but the image tags
+ANSWER_TEXT = st.lists(
+    st.one_of(st.text(max_size=6), TRICKY, st.sampled_from([*QWEN_ANSWER_TAGS, "(1,2),(3,4)", "\u0338", ">"])),
+    max_size=10,
+).map("".join)
+
+
+@fuzz(300)
+@given(answer=ANSWER_TEXT, question=UTF8_TEXT)
+def test_history_answers_are_encoded_by_qwen_vls_rule(tokenizer, answer, question):
+    # Qwen-VL's make_context: tokenizer.encode(NFC(answer), allowed_special=IMAGE_ST), other special tokens as text;
+    # here its image tags stay text too (no text may create an image span)
+    result = outcome(make_context, tokenizer, "next?", history=[(question, answer)])
+    assert not refused(result), result
+    empty = make_context(tokenizer, "next?", history=[(question, "")])[1]
+    k = [i for i, t in enumerate(empty) if t == IM_END_ID][2]  # ends: the system's, the question's, the answer's
+    qwen = tokenizer.encoding.encode(
+        unicodedata.normalize("NFC", answer), allowed_special=QWEN_ANSWER_TAGS, disallowed_special=()
+    )
+    assert result[1] == empty[:k] + qwen + empty[k:]
+
+
 ANY_VALUE = st.recursive(
     st.one_of(
         st.none(),
