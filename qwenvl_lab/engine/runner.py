@@ -46,6 +46,7 @@ class ModelRunner:
         self.max_batch_size, self.max_beam_width = build_config.max_batch_size, build_config.max_beam_width
         self.max_input_len, self.max_seq_len = build_config.max_input_len, build_config.max_seq_len
         self.max_prompt_embedding_table_size = build_config.max_prompt_embedding_table_size
+        self.max_request_rows = self.max_prompt_embedding_table_size  # one request may fill the table (run.py's way)
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
         rows = build_config.max_batch_size * build_config.max_beam_width

@@ -73,6 +73,7 @@ class TRTLLMRunner:
         self.session = session  # tensorrt_llm.runtime.ModelRunnerCpp
         self.turn = OneGeneration()  # one generation at a time, as in the engine's ModelRunner
         self.vocab_size, self.dtype, self.max_seq_len = config.vocab_size, config.build.dtype, config.build.max_seq_len
+        self.max_input_len, self.max_request_rows = config.build.max_input_len, config.rows_per_request
 
     @classmethod
     def from_dir(cls, engine_dir, rank: int = 0, **runner_kwargs) -> "TRTLLMRunner":
