@@ -221,7 +221,11 @@ def test_a_picture_whose_file_changed_is_encoded_again(toy, tmp_path):
         question = ([picture], "Which picture has a blue square?")
         return chat.ask_batch(runner, None, tokenizer, [question], talk.history[:1], input_vit=input_vit)[0]
 
-    assert answer == with_features("red_circle.png", "blue_square.png") != with_features("red_circle.png", "red_circle.png")
+    assert (
+        answer
+        == with_features("red_circle.png", "blue_square.png")
+        != with_features("red_circle.png", "red_circle.png")
+    )
     assert len(talk.features) == 2
 
 

@@ -275,15 +275,18 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
     check_model_limits(build_config, pretrained["max_position_embeddings"], pretrained["seq_length"])
     target = _engine_path(engine_dir)
     _check_target(checkpoint_dir, engine_dir, target, overwrite)
+    lock = target.parent / f".{target.name}.lock"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(target.parent / f".{target.name}.lock", timeout=0):
+        with FileLock(lock, timeout=0):
             _check_target(checkpoint_dir, engine_dir, target, overwrite)  # as it is now that no other build runs
             _remove_leftovers(target)
             staging = _sibling(target)
             os.mkdir(staging)  # with the umask's permissions, like every file written into it
             _build_into(staging, checkpoint_dir, target, hf_config, pretrained, build_config)
     except Timeout:
+        if not lock.exists():  # the lock file could not even be made: the folder takes no files
+            raise PermissionError(f"cannot write in {target.parent}: build into a directory you can write to") from None
         raise FileExistsError(
             f"another build is writing {engine_dir} now: wait for it to finish, then use that engine (or build "
             "into another directory)"
