@@ -745,7 +745,10 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
     _shutil.copytree(small_engine, engine)
     files = sorted(p.relative_to(engine).as_posix() for p in engine.rglob("*") if p.is_file())
     name = data.draw(st.sampled_from(files))
-    damage = data.draw(st.sampled_from(DAMAGES if name.endswith(".json") else DAMAGES[:2] + DAMAGES[4:]))
+    kinds = DAMAGES if name.endswith(".json") else DAMAGES[:2] + DAMAGES[4:]
+    if name == "manifest.json":  # the record of the files, not one of them: a tab for a space there changes nothing
+        kinds = kinds[:-1]
+    damage = data.draw(st.sampled_from(kinds))
     path = engine / name
     if damage == "delete":
         path.unlink()
