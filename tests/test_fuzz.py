@@ -812,7 +812,7 @@ def test_text_is_read_as_the_regex_reads_it(text):
 @settings(fuzz(30), deadline=timedelta(seconds=3))  # linear: < 0.3 s for 100,000 characters; quadratic: > 9 s
 @given(
     unit=st.lists(st.sampled_from(TAG_FRAGMENTS), min_size=1, max_size=6).map("".join),
-    length=st.integers(1, 100_000),
+    length=st.one_of(st.integers(1, 1000), st.integers(50_000, 100_000)),  # half the texts long
     strict=st.booleans(),
 )
 def test_reading_grounding_text_takes_linear_time(unit, length, strict):
