@@ -96,3 +96,20 @@ def time_limit(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def refuse_writes_in(monkeypatch, folder) -> None:
+    """Make `folder` read-only for this test: creating a file or a folder directly in it is refused (as root, a
+    chmod would not stop the test process)."""
+    real_mkdir, real_open = os.mkdir, os.open
+
+    def refuse(call):
+        def inner(path, *args, **kwargs):
+            if os.path.dirname(os.path.abspath(path)) == str(folder):
+                raise PermissionError(13, "Permission denied", str(path))
+            return call(path, *args, **kwargs)
+
+        return inner
+
+    monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
+    monkeypatch.setattr(os, "open", refuse(real_open))

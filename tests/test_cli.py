@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import refuse_writes_in
 
 from qwenvl_lab import cli
 
@@ -94,20 +95,7 @@ def _full_disk(monkeypatch, tmp_path):
 
 
 def _read_only(monkeypatch, tmp_path):
-    import os
-
-    real_mkdir, real_open = os.mkdir, os.open
-
-    def refuse(call):
-        def inner(path, *args, **kwargs):
-            if Path(path).parent == tmp_path:
-                raise PermissionError(13, "Permission denied", str(path))
-            return call(path, *args, **kwargs)
-
-        return inner
-
-    monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
-    monkeypatch.setattr(os, "open", refuse(real_open))
+    refuse_writes_in(monkeypatch, tmp_path)
 
 
 def _closed_stdin(monkeypatch, tmp_path):

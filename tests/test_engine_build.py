@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import refuse_writes_in
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -302,18 +303,7 @@ def test_a_full_disk_or_a_read_only_folder_is_one_clear_error(tiny_checkpoint, t
         build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
     assert "\n" not in str(err.value) and ".tmp" not in str(err.value)
     monkeypatch.undo()
-    real_mkdir, real_open = os.mkdir, os.open
-
-    def read_only(call):
-        def refuse(path, *args, **kwargs):
-            if Path(path).parent == tmp_path:
-                raise PermissionError(13, "Permission denied", str(path))
-            return call(path, *args, **kwargs)
-
-        return refuse
-
-    monkeypatch.setattr(os, "mkdir", read_only(real_mkdir))
-    monkeypatch.setattr(os, "open", read_only(real_open))
+    refuse_writes_in(monkeypatch, tmp_path)
     with pytest.raises(
         PermissionError, match=rf"cannot write in {tmp_path} \(permission denied\): build into a"
     ) as err:
