@@ -184,6 +184,7 @@ def test_rebuilding_needs_overwrite_and_replaces_the_engine_whole(tiny_checkpoin
     with pytest.raises(FileExistsError, match="already holds an engine: pass overwrite=True"):
         build_engine(tiny_checkpoint, engine, SMALL)
     (engine / "tuning.json").write_text("{}")  # the runner's tuned kernel choices, beside the engine
+    (engine / "llm" / ".DS_Store").write_bytes(b"")  # what macOS's Finder leaves in a folder it showed
     bigger = BuildConfig(max_batch_size=2, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=512)
     build_engine(tiny_checkpoint, engine, bigger, overwrite=True)
     assert load_engine_config(engine)[0] == bigger and not (engine / "tuning.json").exists()

@@ -52,6 +52,7 @@ BUILT = frozenset(  # every file a build writes (qwen.tiktoken and generation_co
         TUNING_FILE + ".tmp",
     }
 )
+OS_FILES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})  # what a file browser leaves in a folder it showed
 CHUNK_BYTES = 64 * 2**20  # files are checksummed in chunks of this size: hashed in parallel, sampled by verify="quick"
 VERIFY = ("full", "quick", "none")
 REBUILD = "rebuild it with build_engine(checkpoint_dir, engine_dir, build_config, overwrite=True)"
@@ -129,10 +130,12 @@ def _not_built(engine_dir: Path, most: int = 9) -> list[str]:
         here = Path(root).relative_to(engine_dir)
         links = sorted(d for d in dirs if os.path.islink(os.path.join(root, d)))
         for name in sorted(files) + links:
+            if name in OS_FILES and not os.path.islink(os.path.join(root, name)):
+                continue
             if (here / name).as_posix() not in BUILT or os.path.islink(os.path.join(root, name)):
                 found.append((here / name).as_posix())
         dirs[:] = sorted(d for d in dirs if d not in links)
-        if here.as_posix() not in (".", LLM_DIR, VISION_DIR) and not files and not dirs:
+        if here.as_posix() not in (".", LLM_DIR, VISION_DIR) and not set(files) - OS_FILES and not dirs:
             found.append(here.as_posix() + "/")
         if len(found) >= most:
             break
