@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import transformers
 
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
-from .engine import BuildConfig, ModelRunner, build_engine
+from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
 from .engine.cuda_graphs import KV_BUCKET
 from .engine.decode import BACKENDS
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
@@ -87,10 +87,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         "tuned and saved (ModelRunner.warm_up), each from loading the engine to the answer",
     )
     parser.add_argument("--first-answer-child", type=Path, help=argparse.SUPPRESS)  # the fresh process; its tuning file
+    parser.add_argument(
+        "--integrity",
+        action="store_true",
+        help="instead: time loading --model's engine directory with verify='none', 'quick' and 'full', the checksum "
+        "throughput, and what that makes for a full-size Qwen-VL-Chat engine",
+    )
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -440,6 +448,42 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         return report
 
 
+FULL_SIZE_ENGINE_BYTES = (7.72e9 + 1.94e9) * 2  # Qwen-VL-Chat's language model and vision tower in float16
+
+
+def integrity_cost(args: argparse.Namespace) -> dict:
+    """Load times of the model's engine directory at each verify level (best of --repeats), the checksum throughput
+    (every byte hashed by verify_engine), and the full check's time for a full-size engine at that throughput."""
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        model, checkpoint = load_model(args, torch.device("cpu"), to_torch_dtype(args.dtype), Path(workdir))
+        if checkpoint is None:
+            raise ValueError("--integrity needs a checkpoint on disk: use --model toy or tiny, or --checkpoint DIR")
+        del model
+        engine = build_engine(checkpoint, Path(workdir) / "engine", BuildConfig(dtype=args.dtype))
+        size = sum(p.stat().st_size for p in engine.rglob("*") if p.is_file())
+
+        def best(call) -> float:
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+            return min(times)
+
+        load_s = {v: best(lambda v=v: ModelRunner.from_dir(engine, verify=v)) for v in ("none", "quick", "full")}
+        hashing_s = best(lambda: verify_engine(engine))
+    throughput = size / hashing_s
+    return {
+        "engine_bytes": size,
+        "load_s": load_s,
+        "full_check_s": hashing_s,
+        "checksum_bytes_per_s": throughput,
+        "cpu_count": os.cpu_count(),
+        "full_size_engine_bytes": FULL_SIZE_ENGINE_BYTES,
+        "full_size_full_check_s": FULL_SIZE_ENGINE_BYTES / throughput,
+    }
+
+
 def first_answer(args: argparse.Namespace) -> dict:
     """In this (fresh) process: seconds from making the engine (ModelRunner.from_model, then warm_up, as from_dir does
     on CUDA) to it being ready (load_s), and from then to the answer to one request (first_answer_s)."""
@@ -643,6 +687,10 @@ def main(argv=None) -> dict:
     if args.first_answer_child is not None:
         print(json.dumps(first_answer(args)))
         return {}
+    if args.integrity:
+        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
+        print(json.dumps(report, indent=2))
+        return report
     report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **run_benchmark(args, argv)}
     print(format_table(report))
     if args.json is not None:

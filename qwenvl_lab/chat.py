@@ -10,6 +10,7 @@ TRTLLMRunner, or `ModelAsRunner` around a QWenLMHeadModel. A vision encoder is a
 """
 
 import codecs
+import hashlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,10 +18,19 @@ from pathlib import Path
 import torch
 
 from .files import field, read_json
-from .img_pos import locate_img_pos
 from .prompt_table import per_request_tables, to_torch_dtype
 from .requests import as_id_list, check_sampling, parse_tasks
-from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, QWenTokenizer, decode_image_path, make_context
+from .tokenizing import (
+    ENDOFTEXT_ID,
+    IM_END_ID,
+    IM_START_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    Query,
+    QWenTokenizer,
+    make_context,
+)
+from .vision import load_image
 
 SYSTEM = "You are a helpful assistant."
 STOP_IDS = (IM_END_ID, IM_START_ID)  # Qwen-VL-Chat's stop words: the end of its turn, or the start of another
@@ -30,6 +40,29 @@ SPAN_NAME = "picture{k}.png"  # the path written into the span of a picture give
 def picture_name(picture, k: int) -> str:
     """What the image span of the k-th picture (from 1) holds: its path, or a placeholder for an image object."""
     return os.fspath(picture) if isinstance(picture, (str, os.PathLike)) else SPAN_NAME.format(k=k)
+
+
+class PictureQuery(Query):
+    """A turn's Query that carries its pictures (paths or images) in the order of its image spans, so that a history
+    holding it brings its pictures along: a picture given as an image leaves only a placeholder name in its span."""
+
+    __slots__ = ("pictures",)
+
+    def __reduce__(self):
+        return _picture_query, (self.segments, self.pictures)
+
+
+def _picture_query(segments, pictures) -> PictureQuery:
+    query = PictureQuery(segments)
+    query.pictures = tuple(pictures)
+    return query
+
+
+def query_pictures(query) -> tuple:
+    """The pictures behind a query's image spans: a PictureQuery's own, a Query's image paths, none in plain text."""
+    if isinstance(query, PictureQuery):
+        return query.pictures
+    return query.images if isinstance(query, Query) else ()
 
 
 def make_prompt(
@@ -42,10 +75,20 @@ def make_prompt(
     names=None,
 ):
     """(query, context ids) of one chat turn: the pictures, then the question, after the history's turns (`names`:
-    what each picture's span holds, default `picture_name`)."""
+    what each picture's span holds, default `picture_name`). The query is a PictureQuery: it carries the pictures."""
+    pictures = list(pictures)
     names = [picture_name(p, k + 1) for k, p in enumerate(pictures)] if names is None else names
-    query = tokenizer.from_list_format([*({"image": name} for name in names), {"text": question}])
+    listed = tokenizer.from_list_format([*({"image": name} for name in names), {"text": question}])
+    query = _picture_query(listed.segments, pictures)
     return query, make_context(tokenizer, query, history=history, system=system, max_window_size=max_window_size)[1]
+
+
+def context_pictures(own, earlier, ids) -> list:
+    """What stands behind each image span of a turn's context ids, in order: `earlier` (the history's, oldest first)
+    of the turns make_context kept — the newest, so the last of them — then the turn's `own`."""
+    own, earlier = list(own), list(earlier)
+    kept = list(ids).count(IMAGE_START_ID) - len(own)  # plain text never holds <img>: every one opens a span
+    return earlier[len(earlier) - kept :] + own
 
 
 def answer_text(tokenizer: QWenTokenizer, new_ids) -> str:
@@ -69,31 +112,36 @@ def ask_batch(
 ) -> list[str]:
     """Answers to a batch of (pictures, question) pairs, each after the same history.
 
-    The pictures of every prompt (the history's first, then its own) go through `vision` in one call, unless
-    `input_vit` [N, 256, H] gives their features in that order. With vision=None and no input_vit the image spans
-    keep their paths and the runner must read the pictures itself (`ModelAsRunner`: Qwen-VL's original way).
-    On a tensor-parallel rank other than 0 (no outputs there) every answer is None.
+    Each request's pictures (the history's kept turns' first, then its own) go through `vision`, every distinct
+    picture once, unless `input_vit` [N, 256, H] gives their features, request after request in that order. With
+    vision=None and no input_vit the image spans keep their paths and the runner must read the pictures itself
+    (`ModelAsRunner`: Qwen-VL's original way). On a tensor-parallel rank other than 0 (no outputs there) every answer
+    is None.
     """
-    prompts = [make_prompt(tokenizer, question, pictures, history, system)[1] for pictures, question in questions]
+    history = [] if history is None else list(history)
+    turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
+    prompts = [ids for _, ids in turns]
+    earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
+    pictures = [context_pictures(query.pictures, earlier, ids) for query, ids in turns]  # [B][n_r], in span order
     batch = torch.nn.utils.rnn.pad_sequence(
         [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
     )  # [B, L]
-    img_pos = locate_img_pos(batch)  # [N, 3]
-    table = None
-    if len(img_pos) and (vision is not None or input_vit is not None):
+    flat, table = [p for ps in pictures for p in ps], None
+    if flat and vision is None and input_vit is None:
+        image = next((k for k, p in enumerate(flat) if not isinstance(p, (str, os.PathLike))), None)
+        if image is not None:
+            raise ValueError(
+                f"picture {image + 1} is an image, not a file: give a vision encoder (vision=…) or its features "
+                "(input_vit=…); only a path in an image span can be read by the model itself"
+            )
+    elif flat:
         if input_vit is None:
-            own = iter(p for pictures, _ in questions for p in pictures)
-            in_history = sum(1 for turn, _ in (history or ()) for _ in locate_img_pos(tokenizer.encode(turn)))
-            pictures = [
-                decode_image_path(batch[i, a + 1 : b])
-                if k % (len(img_pos) // len(questions)) < in_history
-                else next(own)
-                for k, (i, a, b) in enumerate(img_pos.tolist())
-            ]
+            distinct = {id(p): p for p in flat}  # a history's pictures are shared by every request: encoded once
             with torch.inference_mode():
-                input_vit = vision.encode(pictures)  # [N, 256, H]
-        batch, flat, _, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)
-        table = flat.view(len(questions), rows, -1).to(to_torch_dtype(runner.dtype))  # [B, rows, H]
+                encoded = dict(zip(distinct, vision.encode(list(distinct.values()))))  # id → [256, H]
+            input_vit = torch.stack([encoded[id(p)] for p in flat])  # [N, 256, H]
+        batch, rows_flat, _, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)
+        table = rows_flat.view(len(questions), rows, -1).to(to_torch_dtype(runner.dtype))  # [B, rows, H]
     requests = [batch[r, : len(ids)] for r, ids in enumerate(prompts)]
     out = runner.generate(
         requests,
@@ -291,9 +339,24 @@ class TextStream:
         return text
 
 
+def picture_key(picture) -> str:
+    """What a picture is, by content: its size and the sha256 of its RGB pixels (a path, an image, or the same
+    picture again after its file changed: the same pixels give the same key, other pixels another)."""
+    return f"{picture.width}x{picture.height}:" + hashlib.sha256(picture.tobytes()).hexdigest()
+
+
+def prompt_limits(runner) -> tuple[int, int | None]:
+    """(most ids, most prompt-table rows) one request may send to a runner and still get an answer: its max_input_len
+    (at most max_seq_len − 1, room for one new token) and the table rows it accepts per request (None: no limit)."""
+    most_ids = min(getattr(runner, "max_input_len", runner.max_seq_len), runner.max_seq_len - 1)
+    return most_ids, getattr(runner, "max_request_rows", None)
+
+
 class Conversation:
     """A multi-turn chat about pictures on one runner: the history is kept (within max_window_size, as make_context
-    does), each picture's input_vit is computed once and reused in later turns, answers can stream."""
+    does, and within what the engine accepts: the oldest turns are left out first, `left_out` says how many), each
+    picture's input_vit is computed once and reused while its content stays the same, answers can stream. A turn the
+    engine refuses changes nothing."""
 
     def __init__(
         self,
@@ -305,13 +368,15 @@ class Conversation:
     ):
         self.runner, self.vision, self.tokenizer = runner, vision, tokenizer
         self.system, self.settings = system, settings
-        self.history: list = []  # (query, answer) of each turn
-        self.features: dict = {}  # span text (a picture's path or placeholder name) → input_vit [256, H]
-        self.pictures: list = []  # every picture given, in order
+        self.clear()
 
     def clear(self) -> None:
         """Forget the history and the pictures."""
-        self.history, self.features, self.pictures = [], {}, []
+        self.history: list = []  # (query, answer) of each turn
+        self.features: dict = {}  # picture_key → input_vit [256, H]
+        self.pictures: list = []  # every picture given, in order
+        self.left_out = 0  # history turns the last question's prompt left out, the oldest, to fit the engine
+        self._keys: list = []  # the picture_key of each picture of each turn, as it was when given
 
     def ask(self, question: str, pictures=(), **overrides) -> str:
         """The answer to `question` about `pictures` (paths or images, added to the conversation)."""
@@ -322,25 +387,27 @@ class Conversation:
         is closed early: the answer so far). `overrides` change GenerationSettings for this turn."""
         settings = replace(self.settings, **overrides)
         pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
+        loaded = [load_image(p) for p in pictures]  # read once: what this turn shows, whatever the file holds later
+        keys = [picture_key(image) for image in loaded]
         names = [picture_name(p, len(self.pictures) + k + 1) for k, p in enumerate(pictures)]
-        query, ids = make_prompt(
-            self.tokenizer, question, pictures, self.history, self.system, settings.max_window_size, names
-        )
+        query, ids, start = self._fit(question, pictures, names, settings.max_window_size)
+        in_context = context_pictures(keys, [key for turn in self._keys[start:] for key in turn], ids)
+        new = {key: image for key, image in zip(keys, loaded) if key not in self.features}
+        features = dict(self.features)
+        if new:
+            with torch.inference_mode():
+                features.update(zip(new, self.vision.encode(list(new.values())).cpu()))  # [256, H] each
         ids = torch.tensor(ids)[None]  # [1, L]
-        table = self._table(ids, dict(zip(names, pictures)))
-        if table is not None:
-            ids, table = table
-        self.pictures += pictures
-        room = self.runner.max_seq_len - ids.shape[1]
-        if room < 1:
-            raise ValueError(
-                f"the conversation fills the engine's max_seq_len {self.runner.max_seq_len} ({ids.shape[1]} "
-                "ids): clear() it, lower max_window_size, or rebuild the engine with a larger max_seq_len"
+        table = None
+        if in_context:
+            ids, flat, _, rows = per_request_tables(
+                ids, torch.stack([features[k] for k in in_context]), self.runner.vocab_size
             )
+            table = flat.view(1, rows, -1).to(to_torch_dtype(self.runner.dtype))  # [1, rows, H]
         steps = self.runner.generate(
             [ids[0]],
             prompt_table=table,
-            max_new_tokens=min(settings.max_new_tokens, room),
+            max_new_tokens=min(settings.max_new_tokens, self.runner.max_seq_len - ids.shape[1]),
             end_id=IM_END_ID,
             pad_id=IM_END_ID,
             stop_words_list=[[(IM_START_ID,)]],
@@ -348,13 +415,16 @@ class Conversation:
             return_dict=True,
             **settings.sampling(),
         )
+        # the engine took the turn: from here on it joins the conversation
+        self.features, self.pictures = features, self.pictures + pictures
+        self.left_out = len(self.history) - (int((ids[0] == IM_START_ID).sum()) - 3) // 2  # 2 <|im_start|> a turn
         text, total, shown, seen = TextStream(self.tokenizer), "", 0, ids.shape[1]
         try:
             for out in steps:
                 end = int(out["sequence_lengths"][0, 0])
-                new, seen = out["output_ids"][0, 0, seen:end].tolist(), end
-                ended = any(i in STOP_IDS for i in new)
-                total += "".join(text.push(i) for i in new if i not in STOP_IDS) + (text.flush() if ended else "")
+                new_ids, seen = out["output_ids"][0, 0, seen:end].tolist(), end
+                ended = any(i in STOP_IDS for i in new_ids)
+                total += "".join(text.push(i) for i in new_ids if i not in STOP_IDS) + (text.flush() if ended else "")
                 total, ended, safe = _cut_at_stop(total, settings.stop, ended)
                 if safe > shown:
                     piece, shown = total[shown:safe], safe
@@ -371,22 +441,26 @@ class Conversation:
             if close is not None:
                 close()
             self.history.append((query, total[:shown]))
+            self._keys.append(keys)
 
-    def _table(self, ids: torch.Tensor, new: dict):
-        """(ids with fake ids [1, L], table [1, rows, H]) for the pictures of ids [1, L], or None without pictures:
-        features already computed are reused, the new pictures' computed in one call."""
-        img_pos = locate_img_pos(ids)  # [N, 3]
-        if not len(img_pos):
-            return None
-        names = [decode_image_path(ids[0, a + 1 : b]) for _, a, b in img_pos.tolist()]
-        missing = [name for name in dict.fromkeys(names) if name not in self.features]
-        if missing:
-            with torch.inference_mode():
-                encoded = self.vision.encode([new.get(name, name) for name in missing])  # [M, 256, H]
-            self.features.update(zip(missing, encoded.cpu()))
-        input_vit = torch.stack([self.features[name] for name in names])  # [N, 256, H]
-        fake_ids, flat, _, rows = per_request_tables(ids, input_vit, self.runner.vocab_size)
-        return fake_ids, flat.view(1, rows, -1).to(to_torch_dtype(self.runner.dtype))
+    def _fit(self, question: str, pictures, names, max_window_size: int):
+        """(query, context ids, first history turn kept) of the prompt with the most recent history turns that the
+        runner accepts (make_context's max_window_size applies as well); a ValueError when not even the question
+        alone fits."""
+        most_ids, most_rows = prompt_limits(self.runner)
+        for start in range(len(self.history) + 1):
+            query, ids = make_prompt(
+                self.tokenizer, question, pictures, self.history[start:], self.system, max_window_size, names
+            )
+            rows = ids.count(IMAGE_START_ID) * IMG_TOKEN_SPAN
+            if len(ids) <= most_ids and (most_rows is None or rows <= most_rows):
+                return query, ids, start
+        raise ValueError(
+            f"this question with its {len(pictures)} picture(s) needs {len(ids)} ids and {rows} prompt-table rows, "
+            f"but the engine takes at most {most_ids} ids"
+            + ("" if most_rows is None else f" and {most_rows} rows ({most_rows // IMG_TOKEN_SPAN} pictures)")
+            + " per question: ask with fewer pictures or a shorter question, or rebuild the engine with larger limits"
+        )
 
 
 def _cut_at_stop(text: str, stop, ended: bool) -> tuple[str, bool, int]:

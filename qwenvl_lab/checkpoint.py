@@ -93,8 +93,23 @@ def _shard_tensors(path: Path, keep=None):
             with safe_open(str(path), framework="pt") as shard:
                 yield from ((key, shard.get_tensor(key)) for key in shard.keys() if keep is None or keep(key))
             return
+        if _is_legacy_torch_file(path):
+            raise CheckpointError(
+                f"{path} is intact but in PyTorch's legacy (before 1.6, not zip) format, which cannot be memory-mapped: "
+                f'convert it once with: python -c "import torch; p = {str(path)!r}; torch.save(torch.load(p, '
+                'weights_only=True), p)" (the same weights, in the zip format), or save the checkpoint as safetensors'
+            )
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
+    except pickle.UnpicklingError as err:
+        if "weights only load failed" not in str(err).lower():
+            raise CheckpointError(
+                f"{path} cannot be read as a weight file ({err}); it is damaged: re-download it"
+            ) from None
+        raise CheckpointError(
+            f"{path} holds Python objects other than tensors ({_unsupported(err)}): refused, as loading it could run "
+            "code; get the checkpoint from a source you trust, as safetensors if you can"
+        ) from None
+    except (SafetensorError, RuntimeError, OSError, EOFError) as err:
         raise CheckpointError(
             f"{path} cannot be read as a weight file ({err}); it is truncated or damaged: re-download it"
         ) from None
@@ -108,6 +123,24 @@ def _shard_tensors(path: Path, keep=None):
             f"{path} is not a state dict of named tensors ({bad!r} is not a weight name with a tensor); re-download it"
         )
     yield from ((key, value) for key, value in state.items() if keep is None or keep(key))
+
+
+LEGACY_TORCH_MAGIC = bytes.fromhex(
+    "80028a0a6cfc9c46f9206aa85019"
+)  # pickle protocol 2, then torch's legacy magic number
+
+
+def _is_legacy_torch_file(path: Path) -> bool:
+    """True for a file torch.save wrote in its legacy (non-zip) format."""
+    with open(path, "rb") as f:
+        return f.read(len(LEGACY_TORCH_MAGIC)) == LEGACY_TORCH_MAGIC
+
+
+def _unsupported(err: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler met, without its advice to load the file unsafely."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    found = [line for line in lines if line and "weights_only" not in line and "weights only" not in line.lower()]
+    return found[0].rstrip(".") if found else "objects the weights-only loader does not accept"
 
 
 def iter_weights(checkpoint_dir, keep=None):

@@ -5,7 +5,9 @@ The heavy imports (torch, transformers) happen only once a subcommand runs, so `
 """
 
 import argparse
+import errno
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -23,21 +25,66 @@ SUBCOMMANDS = {
 }
 
 
+def count(low: int):
+    """An argparse type: a whole number >= low."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text!r}")
+        return value
+
+    parse.__name__ = f"whole number >= {low}"
+    return parse
+
+
+def device(text: str) -> str:
+    """An argparse type: a torch device this machine has (cpu, or cuda with a CUDA GPU)."""
+    import torch
+
+    try:
+        kind = torch.device(text).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu or cuda")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: torch sees no CUDA GPU here; use cpu")
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, whose errors about an option name it as typed: `--max-new-tokens must be …`."""
+
+    def error(self, message: str):
+        super().error(re.sub(r"^argument (\S+): ", r"\1 ", message))
+
+
+def picture_file(parser: argparse.ArgumentParser, option: str, path: str) -> Path:
+    """A picture's path, refused at once (with the option's name) when there is no file there."""
+    if Path(path).is_dir():
+        parser.error(f"{option} {path!r} is a folder, not a picture: give a PNG or JPEG file")
+    if not Path(path).is_file():
+        parser.error(f"picture not found: {path!r}")
+    return Path(path)
+
+
 def ask_main(argv=None) -> int:
     """`qwenvl-lab ask`: one question about zero or more pictures, answered greedily."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab ask", description=ask_main.__doc__)
+    parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__)
     parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
     parser.add_argument("--question", default="图片里是什么？")
     parser.add_argument("--engine", help="an engine directory (build_engine's); default: the course's model, eager")
     parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--max-new-tokens", type=count(1), default=64)
     args = parser.parse_args(argv)
     if args.engine and args.checkpoint:
         parser.error("give --engine or --checkpoint, not both")
-    for image in args.image:
-        if not Path(image).is_file():
-            parser.error(f"picture not found: {image!r}")
+    images = [str(picture_file(parser, "--image", image)) for image in args.image]
     from . import chat
     from .tokenizing import load_tokenizer
 
@@ -45,7 +92,7 @@ def ask_main(argv=None) -> int:
         from .engine import QWenInfer
 
         infer = QWenInfer.from_dir(args.engine, device=args.device)
-        answer, _ = infer.qwen_infer(args.image, args.question, max_new_tokens=args.max_new_tokens)
+        answer, _ = infer.qwen_infer(images, args.question, max_new_tokens=args.max_new_tokens)
     else:
         from .toy import default_checkpoint_dir, load_course_model
 
@@ -55,7 +102,7 @@ def ask_main(argv=None) -> int:
             chat.ModelAsRunner(model),
             model.transformer.visual,
             load_tokenizer(checkpoint),
-            args.image,
+            images,
             args.question,
             max_new_tokens=args.max_new_tokens,
         )
@@ -65,33 +112,64 @@ def ask_main(argv=None) -> int:
 
 CHAT_HELP = """Type a question and press Enter; the answer streams in. Commands:
   /image PATH   attach a picture to your next question (repeat for several)
+  /drop         forget the pictures attached to your next question
   /clear        forget the conversation
+  /help         show this help
   /quit         leave (so do Ctrl-D and Ctrl-C)"""
+CLOSED_STDIN = (
+    "standard input is closed: run qwenvl-lab chat in a terminal, or pipe your questions into it "
+    "(echo 图片里是什么？ | qwenvl-lab chat)"
+)
+
+
+def save_new_picture(folder: Path, picture) -> Path:
+    """Save `picture` as the next turn-N.png in `folder`, after the highest number there: never over an earlier one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    taken = (re.fullmatch(r"turn-([0-9]+)\.png", p.name) for p in folder.iterdir())
+    n = 1 + max((int(m[1]) for m in taken if m), default=0)
+    while True:
+        path = folder / f"turn-{n}.png"
+        try:
+            with open(path, "xb") as f:  # exclusive: a file that appeared meanwhile is never written over
+                try:
+                    picture.save(f, format="PNG")
+                except BaseException:
+                    f.close()
+                    path.unlink()
+                    raise
+            return path
+        except FileExistsError:
+            n += 1
 
 
 def chat_main(argv=None, read=input, write=print) -> int:
     """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
-    and saved as a PNG file."""
-    parser = argparse.ArgumentParser(
+    and saved as a PNG file (turn-N.png, never over an earlier one)."""
+    parser = Parser(
         prog="qwenvl-lab chat",
         description=chat_main.__doc__,
         epilog=CHAT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument(
         "--sample",
         action="store_true",
         help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=count(1), default=128)
     parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
     args = parser.parse_args(argv)
+    if args.boxes is not None and args.boxes.exists() and not args.boxes.is_dir():
+        parser.error(f"--boxes {str(args.boxes)!r} is a file: give a folder for the pictures with boxes")
+    if read is input and (sys.stdin is None or sys.stdin.closed):
+        raise ValueError(CLOSED_STDIN)
     from .chat import Conversation, GenerationSettings
     from .engine import QWenInfer
     from .resources import output_dir
     from .toy import course_engine
+    from .vision import load_image
     from .widgets import boxes_picture
 
     infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)
@@ -100,64 +178,96 @@ def chat_main(argv=None, read=input, write=print) -> int:
     )
     talk = Conversation(infer.runner, infer.vision, infer.tokenizer, settings=settings)
     boxes_dir = args.boxes or output_dir() / "chat"
-    pictures, turn = [], 0
+    pictures, left_out = [], 0
     write(CHAT_HELP)
     while True:
         try:
             line = read("you> ").strip()
         except (EOFError, KeyboardInterrupt):
             return 0
-        if line in ("/quit", "/exit"):
+        except (OSError, RuntimeError, ValueError):  # input() on a closed standard input
+            raise ValueError(CLOSED_STDIN) from None
+        command, _, rest = line.partition(" ")
+        if command in ("/quit", "/exit"):
             return 0
-        if line == "/clear":
+        if command == "/help":
+            write(CHAT_HELP)
+        elif command == "/clear":
             talk.clear()
-            pictures = []
+            pictures, left_out = [], 0
             write("(conversation cleared)")
-        elif line.startswith("/image"):
-            path = Path(line[len("/image") :].strip())
-            if path.is_file():
-                pictures.append(path)
-                write(f"(picture {path} attached to your next question)")
-            else:
-                write(f"(no picture file at {str(path)!r})")
+        elif command == "/drop":
+            write(f"({len(pictures)} attached picture(s) dropped)")
+            pictures = []
+        elif command == "/image":
+            path = Path(rest.strip().strip("'\"")).expanduser()
+            if not rest.strip():
+                write("(give the picture's path: /image PATH)")
+                continue
+            try:
+                load_image(path)
+            except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
+                write(f"({path} was not attached: {err})")
+                continue
+            pictures.append(path)
+            write(f"(picture {path} attached to your next question; /drop forgets it)")
+        elif command.startswith("/"):
+            write(f"(unknown command {command}: /help lists the commands)")
         elif line:
             write("model> ", end="", flush=True)
             try:
                 answer = "".join(write(piece, end="", flush=True) or piece for piece in talk.stream(line, pictures))
-            except (ValueError, TypeError, FileNotFoundError) as err:
-                write(f"\n(cannot ask: {err})")
+            except (ValueError, TypeError, FileNotFoundError, IsADirectoryError, RuntimeError) as err:
+                dropped = f" (its {len(pictures)} picture(s) were dropped: /image attaches again)" if pictures else ""
+                write(f"\n(cannot ask: {err}){dropped}")
+                pictures = []
                 continue
             write()
-            pictures, turn = [], turn + 1
+            pictures = []
+            if talk.left_out > left_out:
+                left_out = talk.left_out
+                turns = (
+                    "the oldest turn no longer fits" if left_out == 1 else f"the {left_out} oldest turns no longer fit"
+                )
+                write(f"({turns} the engine: left out of the conversation; /clear starts afresh)")
             drawn = boxes_picture(talk, answer)
             if drawn is not None:
-                boxes_dir.mkdir(parents=True, exist_ok=True)
-                drawn.save(boxes_dir / f"turn-{turn}.png")
-                write(f"(boxes drawn on the picture: {boxes_dir / f'turn-{turn}.png'})")
+                try:
+                    write(f"(boxes drawn on the picture: {save_new_picture(boxes_dir, drawn)})")
+                except OSError as err:
+                    write(f"(the picture with boxes could not be saved in {boxes_dir}: {err})")
 
 
 def build_main(argv=None) -> int:
     """`qwenvl-lab build`: a checkpoint's engine directory, with the limits trtllm-build would fix."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab build", description=build_main.__doc__)
+    parser = Parser(prog="qwenvl-lab build", description=build_main.__doc__)
     parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
     parser.add_argument("--engine", required=True, help="the engine directory to write (new, empty, or --overwrite)")
-    parser.add_argument("--max-batch-size", type=int, default=4)
-    parser.add_argument("--max-input-len", type=int, default=640)
-    parser.add_argument("--max-seq-len", type=int, default=704)
+    parser.add_argument("--max-batch-size", type=count(1), default=4)
+    parser.add_argument("--max-input-len", type=count(1), default=640)
+    parser.add_argument("--max-seq-len", type=count(1), default=704)
     parser.add_argument(
         "--images-per-request",
-        type=int,
+        type=count(0),
         default=2,
         help="sets --max_prompt_embedding_table_size = 256 × this × max batch size (0: text only)",
     )
-    parser.add_argument("--max-beam-width", type=int, default=1)
+    parser.add_argument("--max-beam-width", type=count(1), default=1)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     parser.add_argument("--overwrite", action="store_true", help="replace an engine built earlier in --engine")
     args = parser.parse_args(argv)
+    if not args.engine.strip():
+        parser.error("--engine is empty: give the directory to write the engine to, e.g. --engine ./engine")
     from .engine import BuildConfig, build_engine
     from .tokenizing import IMG_TOKEN_SPAN
     from .toy import default_checkpoint_dir
 
+    most = args.max_input_len // (IMG_TOKEN_SPAN + 2)
+    if args.images_per_request > most:
+        parser.error(
+            f"--images-per-request {args.images_per_request}: a request of --max-input-len {args.max_input_len} ids "
+            f"holds at most {most} pictures ({IMG_TOKEN_SPAN + 2} ids each)"
+        )
     config = BuildConfig(
         max_batch_size=args.max_batch_size,
         max_input_len=args.max_input_len,
@@ -171,6 +281,17 @@ def build_main(argv=None) -> int:
     )
     print(f"engine written to {engine_dir}")
     return 0
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line, with what to do for a full disk or a folder one cannot write in."""
+    text = " ".join(str(err).split("\n")).strip() or type(err).__name__
+    if isinstance(err, OSError) and text.startswith("[Errno"):  # the system's words alone: say what to do
+        if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return f"{text}: free some space, then run it again"
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"{text}: use a folder you can write to"
+    return text
 
 
 def main(argv=None) -> int:
@@ -187,9 +308,12 @@ def main(argv=None) -> int:
     run = {"ask": ask_main, "chat": chat_main, "build": build_main}.get(name, getattr(module, "main", None))
     try:
         status = run(rest)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError) as err:
-        print(f"qwenvl-lab {name}: {err}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, RuntimeError) as err:  # bad input, a full disk, a busy machine: one line
+        print(f"qwenvl-lab {name}: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"qwenvl-lab {name}: interrupted", file=sys.stderr)
+        return 130
     return status if isinstance(status, int) else 0
 
 

@@ -59,7 +59,7 @@ CJK_FONT_FILES = (  # looked up by name in the system font folders (Pillow's Ima
     "msyh.ttc",
     "simhei.ttf",
 )
-_TEXT_TAGS = re.compile(r"<img>(.*?)</img>|(<img>|</?ref>|</?box>)", re.DOTALL)
+_TEXT_TAGS = re.compile(r"<img>|</?ref>|</?box>")  # fixed-width: each match looks at no more than 6 characters
 _IMAGE_LABEL = re.compile(r"Picture [0-9]+: \Z")
 _NUMBER = r"\s*(-?[0-9]{1,9})\s*"
 _BOX_TEXT = re.compile(rf"\s*\({_NUMBER},{_NUMBER}\)\s*,\s*\({_NUMBER},{_NUMBER}\)\s*")  # (x1,y1),(x2,y2), spaces too
@@ -156,11 +156,7 @@ def _pieces(source, tokenizer) -> list[tuple[str, str]]:
     if isinstance(source, Query):
         return [("tag" if v in TAGS else "text", v) if kind == "special" else (kind, v) for kind, v in source.segments]
     if isinstance(source, str):
-        pieces, end = [], 0
-        for m in _TEXT_TAGS.finditer(source):
-            pieces += [("text", source[end : m.start()]), ("tag", m[2]) if m[2] else ("image", m[1])]
-            end = m.end()
-        return pieces + [("text", source[end:])]
+        return _text_pieces(source)
     if not isinstance(tokenizer, QWenTokenizer):
         raise TypeError(
             f"to read token ids pass tokenizer=load_tokenizer() (got {type(tokenizer).__name__}); "
@@ -187,15 +183,36 @@ def _pieces(source, tokenizer) -> list[tuple[str, str]]:
     return pieces + [("text", tokenizer.decode(run))]
 
 
+def _text_pieces(text: str) -> list[tuple[str, str]]:
+    """The pieces of plain text, in one pass: an `<img>` with a `</img>` after it holds the path up to the first one,
+    an `<img>` without one is a tag, as are `<ref>`, `</ref>`, `<box>` and `</box>`.
+
+    Each character is looked at a bounded number of times: the tag search only moves forward, a search for `</img>`
+    that finds one moves past it, and once a search finds none it is not made again.
+    """
+    pieces, start, unclosed = [], 0, False  # unclosed: no </img> lies after the current position
+    while (m := _TEXT_TAGS.search(text, start)) is not None:
+        pieces.append(("text", text[start : m.start()]))
+        closing = -1 if m[0] != "<img>" or unclosed else text.find("</img>", m.end())
+        if closing != -1:
+            pieces.append(("image", text[m.end() : closing]))
+            start = closing + len("</img>")
+            continue
+        unclosed = unclosed or m[0] == "<img>"
+        pieces.append(("tag", m[0]))
+        start = m.end()
+    return pieces + [("text", text[start:])]
+
+
 def _clean(pieces) -> list[tuple[str, str]]:
     """Adjacent texts joined and NFC; the "Picture k: " before an image and the "\\n" after it dropped."""
     out = []
     for kind, value in pieces:
         if kind == "text" and out and out[-1][0] == "text":
-            out[-1] = ("text", out[-1][1] + value)
+            out[-1][1].append(value)
         else:
-            out.append((kind, value))
-    out = [("text", unicodedata.normalize("NFC", v)) if kind == "text" else (kind, v) for kind, v in out]
+            out.append((kind, [value] if kind == "text" else value))
+    out = [("text", unicodedata.normalize("NFC", "".join(v))) if kind == "text" else (kind, v) for kind, v in out]
     for k in range(1, len(out) - 1):
         (before_kind, before), (kind, _), (after_kind, after) = out[k - 1 : k + 2]
         label = _IMAGE_LABEL.search(before) if kind == "image" and before_kind == "text" else None
@@ -224,7 +241,9 @@ def to_list_format(source, tokenizer=None, *, strict=True) -> list[dict]:
         if element.get("text") == "":
             return
         if "text" in element and "text" in last:
-            last["text"] += element["text"]
+            last["text"].append(element["text"])  # joined at the end: adding to a long str each time is quadratic
+        elif "text" in element:
+            out.append({"text": [element["text"]]})
         elif "box" in element and last.keys() & {"ref", "box"}:
             last.setdefault("box", []).extend(element["box"])
         else:
@@ -262,7 +281,7 @@ def to_list_format(source, tokenizer=None, *, strict=True) -> list[dict]:
         except ValueError as err:
             _malformed(str(err), strict, "read as text")
             add({"text": f"<box>{inner}</box>"})
-    return out
+    return [{"text": "".join(e["text"])} if "text" in e else e for e in out]
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 A request is a 1-D tensor of token ids; ids >= vocab_size are fake prompt ids that read the prompt table. Every
 limit fixed at build time, every id, the table's shape, dtype and values, and the tasks are checked here, before
-any cast or kernel sees them, so that both runners refuse the same inputs with the same messages.
+any cast or kernel sees them, so that both runners refuse the same inputs with the same messages. Both runners serve
+one generation at a time (`OneGeneration`) and stream the same way (`GenerationStream`).
 """
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -311,3 +313,77 @@ def _scalar(value, name: str) -> int:
     if flat.numel() != 1 or flat.dtype.is_floating_point or flat.dtype == torch.bool:
         raise TypeError(f"{name} must be an int or a one-element integer tensor, got {value!r}")
     return int(flat[0])
+
+
+BUSY = "a streaming generation still holds this runner's KV cache: exhaust it or close() it first"
+
+
+class OneGeneration:
+    """One generation at a time on a runner, whose KV cache (or TensorRT-LLM session) holds one batch: a call from
+    another thread waits until the running generation ends; while a streaming generation is open — until it is
+    exhausted, closed or dropped — every other call is refused at once, since nothing bounds how long it stays open."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._running = self._streaming = False
+
+    @property
+    def busy(self) -> bool:
+        """True while a generation runs or a stream is open."""
+        return self._running
+
+    def begin(self, streaming: bool = False) -> None:
+        """Take the runner (waiting for a generation that runs, refusing while a stream is open)."""
+        with self._changed:
+            while self._running:
+                if self._streaming:
+                    raise RuntimeError(BUSY)
+                self._changed.wait()
+            self._running, self._streaming = True, streaming
+
+    def end(self) -> None:
+        """Give the runner back."""
+        with self._changed:
+            self._running = self._streaming = False
+            self._changed.notify_all()
+
+
+class GenerationStream:
+    """A streaming generation: iterating gives the outputs after every token. It holds its runner until it is
+    exhausted, closed (`close()`, leaving a `with` block) or dropped (a `for` loop broken out of, a function that
+    returned), whichever comes first."""
+
+    def __init__(self, steps, to_outputs, turn: OneGeneration):
+        self.steps, self.to_outputs, self.turn = steps, to_outputs, turn  # turn: taken (begin) by the caller
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.steps is None:
+            raise StopIteration
+        try:
+            step = next(self.steps)
+        except BaseException:  # exhausted, or failed: the runner is free either way
+            self.close()
+            raise
+        return self.to_outputs(step)
+
+    def close(self) -> None:
+        """Stop the generation now and free the runner (idempotent)."""
+        if self.steps is not None:
+            steps, self.steps = self.steps, None
+            try:
+                if hasattr(steps, "close"):
+                    steps.close()
+            finally:
+                self.turn.end()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

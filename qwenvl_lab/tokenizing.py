@@ -53,6 +53,8 @@ SPECIAL_TOKENS = (
 )  # ids ENDOFTEXT_ID … TOKENIZER_VOCAB_SIZE - 1, in this order
 SPECIAL_IDS = {token: ENDOFTEXT_ID + i for i, token in enumerate(SPECIAL_TOKENS)}
 IMAGE_TAGS = frozenset({"<img>", "</img>", "<imgpad>"})
+GROUNDING_TAGS = ("<ref>", "</ref>", "<box>", "</box>", "<quad>", "</quad>")  # special tokens in a history's answers
+_GROUNDING_TAG = re.compile("|".join(map(re.escape, GROUNDING_TAGS)))
 TOKEN_KINDS = ("text", "special", "image_tag", "image_path_byte", "imgpad", "vocab_pad", "fake_prompt_id")
 _SPECIAL_NAMES = {
     ENDOFTEXT_ID: "eod_id",
@@ -508,6 +510,19 @@ def load_tokenizer(path=None) -> QWenTokenizer:
     return QWenTokenizer(vocab_file_path(path))
 
 
+def answer_query(answer) -> "Query":
+    """An earlier answer as Qwen-VL's make_context encodes it in the history: the text NFC, its `<ref>`, `</ref>`,
+    `<box>`, `</box>`, `<quad>` and `</quad>` the special tokens (Qwen-VL's allowed_special=IMAGE_ST) — but `<img>`,
+    `</img>` and `<imgpad>` stay text, so that no text makes an image span. A Query is kept as it is."""
+    if isinstance(answer, Query):
+        return answer
+    text, segments, start = unicodedata.normalize("NFC", answer), [], 0
+    for tag in _GROUNDING_TAG.finditer(text):
+        segments += [("text", text[start : tag.start()]), ("special", tag[0])]
+        start = tag.end()
+    return Query([*segments, ("text", text[start:])])
+
+
 def make_context(
     tokenizer: QWenTokenizer,
     query,
@@ -515,7 +530,10 @@ def make_context(
     system: str = "You are a helpful assistant.",
     max_window_size: int = 6144,
 ) -> tuple[Query, list[int]]:
-    """(raw_text, context_tokens) of a chatml prompt; history turns kept newest-first under max_window_size."""
+    """(raw_text, context_tokens) of a chatml prompt; history turns kept newest-first under max_window_size.
+
+    A history's questions are user text (plain, or Queries from from_list_format); its answers are encoded as Qwen-VL
+    re-encodes them, their grounding tags special tokens (`answer_query`)."""
     if not isinstance(tokenizer, QWenTokenizer):
         raise TypeError(f"make_context takes a QWenTokenizer first, got {type(tokenizer).__name__}")
     if not isinstance(system, str):
@@ -542,7 +560,12 @@ def make_context(
     turns, used = [], 0
     for turn_query, turn_response in reversed(history):
         turn = Query(
-            [("text", "\n"), *message("user", turn_query), ("text", "\n"), *message("assistant", turn_response)]
+            [
+                ("text", "\n"),
+                *message("user", turn_query),
+                ("text", "\n"),
+                *message("assistant", answer_query(turn_response)),
+            ]
         )
         n = len(tokenizer.encode_query(turn))
         if system_len + used + n >= max_window_size:

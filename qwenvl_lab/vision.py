@@ -4,6 +4,7 @@ Pictures are read as Qwen-VL reads them: a JPEG's EXIF orientation tag is ignore
 taken as stored, like Qwen-VL's own preprocessing); `exif_transpose=True` turns it upright first.
 """
 
+import io
 import math
 import os
 from collections import OrderedDict
@@ -47,26 +48,33 @@ def _as_rgb(img: Image.Image, exif_transpose: bool) -> Image.Image:
 
 
 def load_image(image, exif_transpose: bool = False) -> Image.Image:
-    """Open a path (or take a PIL image) and return it in RGB, 8 bits per channel (see `to_8_bit`).
+    """The one way pictures are read: a path, a file's bytes (an upload) or a PIL image → RGB, 8 bits per channel.
 
-    The EXIF orientation tag is ignored unless `exif_transpose` (Qwen-VL's preprocessing ignores it).
+    High bit depths are scaled to 8 bits (`to_8_bit`), so a picture gives the same pixels however it arrives. The EXIF
+    orientation tag is ignored unless `exif_transpose` (Qwen-VL's preprocessing ignores it).
     """
     if isinstance(image, Image.Image):
         return _as_rgb(image, exif_transpose)
-    if not isinstance(image, (str, os.PathLike)):
-        raise TypeError(f"an image must be a path (str or os.PathLike) or a PIL image, got {type(image).__name__}")
-    path = Path(image)
-    if path.is_dir():
-        raise IsADirectoryError(f"image path {str(image)!r} is a directory; give the path of a PNG/JPEG file in it")
-    if not path.is_file():
-        raise FileNotFoundError(f"image file not found: {str(image)!r}; check the path in the {{'image': …}} element")
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        source, name = io.BytesIO(bytes(image)), f"the {len(image)} bytes given"
+    elif isinstance(image, (str, os.PathLike)):
+        source, name = Path(image), repr(str(image))
+        if source.is_dir():
+            raise IsADirectoryError(f"image path {name} is a directory; give the path of a PNG/JPEG file in it")
+        if not source.is_file():
+            raise FileNotFoundError(f"image file not found: {name}; check the path in the {{'image': …}} element")
+    else:
+        raise TypeError(
+            f"an image must be a path (str or os.PathLike), a file's bytes or a PIL image, got {type(image).__name__}"
+        )
     try:
-        with Image.open(path) as img:
+        with Image.open(source) as img:
             return _as_rgb(img, exif_transpose)
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as err:
-        raise ValueError(f"cannot read {str(image)!r} as an image ({err}); give a PNG/JPEG file") from None
+        reason = "not a picture file Pillow knows" if isinstance(source, io.BytesIO) else err  # no object repr
+        raise ValueError(f"cannot read {name} as an image ({reason}); give a PNG/JPEG file") from None
     except ValueError as err:
-        raise ValueError(f"cannot read {str(image)!r} as an image: {err}") from None
+        raise ValueError(f"cannot read {name} as an image: {err}") from None
 
 
 def preprocess_images(images, image_size: int, exif_transpose: bool = False) -> torch.Tensor:

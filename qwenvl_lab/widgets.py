@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from .chat import ModelAsRunner, ask_batch, make_prompt
 from .grounding import draw_boxes, parse_boxes, to_list_format
@@ -318,7 +318,8 @@ class PanelResult:
 
 
 def picture_from_upload(value) -> Image.Image:
-    """The picture of a FileUpload value (ipywidgets 8: a tuple of dicts with 'content'), or of raw bytes."""
+    """The picture of a FileUpload value (ipywidgets 8: a tuple of dicts with 'content'), or of raw bytes, read by
+    `load_image` as the same file from a path would be."""
     if isinstance(value, (tuple, list)):
         if not value:
             raise ValueError("no file uploaded: choose a picture first")
@@ -330,9 +331,8 @@ def picture_from_upload(value) -> Image.Image:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected uploaded bytes, got {type(value).__name__}")
     try:
-        with Image.open(io.BytesIO(bytes(value))) as img:
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError):
+        return load_image(value)
+    except ValueError:
         raise ValueError("the uploaded file is not a picture PIL can read; upload a PNG or JPEG") from None
 
 

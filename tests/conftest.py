@@ -1,6 +1,8 @@
 """Shared test fixtures: the tiny random Qwen-VL checkpoint, its model, the tokenizer and small pictures."""
 
 import os
+import signal
+from contextlib import contextmanager
 
 # Without an NVIDIA driver the engine's Triton kernels run through Triton's interpreter: this must be set before
 # triton is first imported (torch may import it), so before torch
@@ -97,3 +99,36 @@ def assert_verdict():
         assert not shown, f"the hint gives the answer away ({shown}): {result}"
 
     return verdict
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """Fail what runs longer than `seconds` inside the block (a hang, or work that grows faster than its input)."""
+
+    def stop(signum, frame):
+        raise AssertionError(f"ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def refuse_writes_in(monkeypatch, folder) -> None:
+    """Make `folder` read-only for this test: creating a file or a folder directly in it is refused (as root, a
+    chmod would not stop the test process)."""
+    real_mkdir, real_open = os.mkdir, os.open
+
+    def refuse(call):
+        def inner(path, *args, **kwargs):
+            if os.path.dirname(os.path.abspath(path)) == str(folder):
+                raise PermissionError(13, "Permission denied", str(path))
+            return call(path, *args, **kwargs)
+
+        return inner
+
+    monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
+    monkeypatch.setattr(os, "open", refuse(real_open))

@@ -103,3 +103,9 @@ def test_first_answers_are_timed_in_fresh_processes(tmp_path):
     times = json.loads((tmp_path / "b.json").read_text())["first_answer_s"]
     assert times == report["first_answer_s"] and set(times) == {"cold", "saved_choices"}
     assert all(t["load_s"] > 0 and t["first_answer_s"] > 0 for t in times.values())
+
+
+def test_integrity_cost_reports_each_verify_level():
+    report = bench.main(["--integrity", "--model", "tiny", "--repeats", "1"])
+    assert report["load_s"].keys() == {"none", "quick", "full"} and report["engine_bytes"] > 10**6
+    assert report["full_size_full_check_s"] == report["full_size_engine_bytes"] / report["checksum_bytes_per_s"]

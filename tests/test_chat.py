@@ -2,6 +2,7 @@
 answers streamed as they are generated), Qwen-VL-Chat's stop words and generation_config.json defaults."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, Tex
 from qwenvl_lab.files import CheckpointError
 from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID
 from qwenvl_lab.toy import TOY_DIR
+from qwenvl_lab.vision import load_image
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
@@ -22,13 +24,13 @@ def toy(toy_chat):
 
 
 class CountingVision:
-    """A vision tower that records which pictures it was asked to encode."""
+    """A vision tower that records how many pictures each call encoded."""
 
     def __init__(self, tower):
         self.tower, self.calls = tower, []
 
     def encode(self, pictures):
-        self.calls.append([str(p) for p in pictures])
+        self.calls.append(len(pictures))
         return self.tower.encode(pictures)
 
 
@@ -42,10 +44,11 @@ def test_a_second_turn_reuses_the_first_pictures_features(toy):
     assert talk.ask("What is in the picture?", [IMAGES / "red_circle.png"]) == "A red circle."
     assert talk.ask("How many shapes are there?") == "One."  # the first turn's picture, not encoded again
     assert talk.ask("What color is the circle?") == "Red."
-    assert vision.calls == [[str(IMAGES / "red_circle.png")]]
+    assert vision.calls == [1]
     talk.ask("Which picture has a blue square?", [IMAGES / "blue_square.png"])  # a second picture, a later turn
-    assert vision.calls == [[str(IMAGES / "red_circle.png")], [str(IMAGES / "blue_square.png")]]  # each picture once
-    assert len(talk.history) == 4 and len(talk.features) == 2
+    assert vision.calls == [1, 1]  # each picture once
+    talk.ask("And now?", [load_image(IMAGES / "red_circle.png")])  # the first picture again, as an image
+    assert vision.calls == [1, 1] and len(talk.history) == 5 and len(talk.features) == 2
     talk.clear()
     assert talk.history == [] and talk.features == {}
 
@@ -147,3 +150,105 @@ def test_model_as_runner_answers_like_the_engine(toy, tokenizer):
     assert eager == chat.ask_batch(runner, tower, tokenizer, [question]) == ["一个绿色的三角形。"]
     with torch.inference_mode():  # the original way: no prompt table, the model reads the picture from the span
         assert chat.ask_batch(ModelAsRunner(model), None, tokenizer, [question]) == eager
+
+
+@pytest.fixture(scope="module")
+def batch_engine(tmp_path_factory):
+    """(runner, vision tower, tokenizer) of the toy model built for batches of 3 requests of up to 3 pictures each."""
+    from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
+    from qwenvl_lab.tokenizing import load_tokenizer
+
+    config = BuildConfig(max_batch_size=3, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=2304)
+    engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-batch") / "engine", config)
+    return ModelRunner.from_dir(engine), load_engine_vision_tower(engine), load_tokenizer(engine)
+
+
+@pytest.mark.parametrize("as_images", [False, True], ids=["paths", "PIL images"])
+def test_a_batch_answers_each_request_as_it_would_be_answered_alone(batch_engine, as_images):
+    runner, tower, tokenizer = batch_engine
+
+    def picture(name):
+        return load_image(IMAGES / name) if as_images else IMAGES / name
+
+    def alone(pictures, question, history, earlier):
+        """The answer to one request, its pictures' features given in span order: the history's, then its own."""
+        with torch.inference_mode():
+            input_vit = tower.encode(earlier + pictures) if earlier + pictures else None
+        return chat.ask_batch(runner, None, tokenizer, [(pictures, question)], history, input_vit=input_vit)[0]
+
+    first = picture("red_circle.png")
+    _, history = chat.ask(runner, tower, tokenizer, [first], "What is in the picture?")
+    cases = {
+        "a history with a picture, requests of 2, 0 and 1 pictures": (
+            [
+                ([picture("blue_square.png"), picture("green_triangle.png")], "How many shapes are there?"),
+                ([], "What color is the circle?"),
+                ([picture("yellow_circle.png")], "What is in the picture?"),
+            ],
+            history,
+            [first],
+        ),
+        "fewer pictures than questions": (
+            [([], "图片里是什么？"), ([picture("green_triangle.png")], "图片里是什么？"), ([], "What is it?")],
+            [],
+            [],
+        ),
+    }
+    for case, (questions, turns, earlier) in cases.items():
+        batched = chat.ask_batch(runner, tower, tokenizer, questions, turns)
+        assert batched == [alone(pictures, question, turns, earlier) for pictures, question in questions], case
+    assert batched[1] == "一个绿色的三角形。"
+
+
+def test_pictures_given_as_images_need_a_vision_encoder(batch_engine):
+    runner, _, tokenizer = batch_engine
+    with pytest.raises(ValueError, match="picture 1 is an image, not a file: give a vision encoder"):
+        chat.ask_batch(runner, None, tokenizer, [([load_image(IMAGES / "red_circle.png")], "What is it?")])
+
+
+def test_a_picture_whose_file_changed_is_encoded_again(toy, tmp_path):
+    runner, tower, tokenizer = toy
+    picture = tmp_path / "photo.png"
+    shutil.copyfile(IMAGES / "red_circle.png", picture)
+    talk = Conversation(runner, tower, tokenizer, settings=GREEDY)
+    assert talk.ask("What is in the picture?", [picture]) == "A red circle."
+    shutil.copyfile(IMAGES / "blue_square.png", picture)  # the same path, another picture
+    answer = talk.ask("Which picture has a blue square?", [picture])
+
+    def with_features(*names):  # the same turn, its pictures' features given
+        with torch.inference_mode():
+            input_vit = tower.encode([IMAGES / name for name in names])
+        question = ([picture], "Which picture has a blue square?")
+        return chat.ask_batch(runner, None, tokenizer, [question], talk.history[:1], input_vit=input_vit)[0]
+
+    assert (
+        answer
+        == with_features("red_circle.png", "blue_square.png")
+        != with_features("red_circle.png", "red_circle.png")
+    )
+    assert len(talk.features) == 2
+
+
+def test_a_refused_turn_changes_nothing(toy, tmp_path):
+    runner, tower, tokenizer = toy  # the engine holds up to 4 pictures per request
+    talk = Conversation(runner, tower, tokenizer, settings=GREEDY)
+    talk.ask("What is in the picture?", [IMAGES / "red_circle.png"])
+    before = (list(talk.history), list(talk.pictures), dict(talk.features))
+    (tmp_path / "notes.png").write_text("not a picture")
+    for pictures in ([IMAGES / "blue_square.png"] * 5, [IMAGES / "blue_square.png", tmp_path / "notes.png"]):
+        with pytest.raises(ValueError):
+            talk.ask("What are these?", pictures)
+        assert (talk.history, talk.pictures, talk.features) == before and not runner.busy
+    assert talk.ask("How many shapes are there?") == "One."
+
+
+def test_the_oldest_turns_are_left_out_when_the_conversation_outgrows_the_engine(toy):
+    runner, tower, tokenizer = toy  # 4 pictures and 1400 ids per request
+    talk = Conversation(runner, tower, tokenizer, settings=GREEDY)
+    pairs = [("red_circle.png", "blue_square.png"), ("green_triangle.png", "yellow_circle.png")]
+    for pair in pairs:
+        talk.ask("How many shapes are there?", [IMAGES / name for name in pair])
+    assert talk.left_out == 0
+    answer = talk.ask("What is in the picture?", [IMAGES / "three_shapes.png"])  # 5 pictures would not fit
+    assert answer and talk.left_out == 1 and len(talk.history) == 3
+    assert talk.ask("How many shapes are there?") and talk.left_out == 1

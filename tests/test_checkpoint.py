@@ -1,7 +1,12 @@
 """Tests for step 7: loading and checking checkpoints in Qwen-VL-Chat's layout, and making tiny ones."""
 
 import json
+import os
+import re
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -354,21 +359,48 @@ def test_damaged_safetensors_shard_names_the_file(damaged, damage):
         load_checkpoint(damaged)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "not_tensors"])
-def test_damaged_bin_file_names_the_file(small_checkpoint, tmp_path, damage):
+class RunsCode:
+    """A pickled object that would run a shell command when unpickled without weights_only."""
+
+    def __reduce__(self):
+        return (os.system, ("echo loaded",))
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("truncated", "cannot be read as a weight file .*it is truncated or damaged: re-download it"),
+        ("garbage", "cannot be read as a weight file .*re-download it"),
+        ("not_tensors", "is not a state dict of named tensors \\('weights' is not a weight name with a tensor\\)"),
+        ("legacy", "is intact but in PyTorch's legacy .* format, which cannot be memory-mapped: convert it once with"),
+        (
+            "runs code",
+            "holds Python objects other than tensors .*posix.system.*: refused, as loading it could run code",
+        ),
+    ],
+)
+def test_damaged_bin_file_names_the_file(small_checkpoint, tmp_path, damage, match):
     model = small_checkpoint[0]
     state = read_state_dict(model)
     target = shutil.copytree(model, tmp_path / "bin", ignore=shutil.ignore_patterns("model*"))
-    torch.save(state, target / "pytorch_model.bin")
-    data = (target / "pytorch_model.bin").read_bytes()
+    path = target / "pytorch_model.bin"
+    torch.save(state, path)
+    data = path.read_bytes()
     if damage == "not_tensors":
-        torch.save({"weights": [1, 2, 3]}, target / "pytorch_model.bin")
-        match = "is not a state dict of named tensors \\('weights' is not a weight name with a tensor\\)"
+        torch.save({"weights": [1, 2, 3]}, path)
+    elif damage == "legacy":
+        torch.save(state, path, _use_new_zipfile_serialization=False)
+    elif damage == "runs code":
+        torch.save({**state, "transformer.wte.weight": RunsCode()}, path)
     else:
-        (target / "pytorch_model.bin").write_bytes(data[: len(data) // 2] if damage == "truncated" else b"x" * 1000)
-        match = "cannot be read as a weight file .*re-download it"
-    with pytest.raises(CheckpointError, match=f"{target / 'pytorch_model.bin'} {match}"):
+        path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"x" * 1000)
+    with pytest.raises(CheckpointError, match=f"{path} {match}") as err:
         load_checkpoint(target)
+    assert "weights_only=False" not in str(err.value) and "weights_only` set to `False" not in str(err.value)
+    if damage == "legacy":  # the command in the message converts the file, and the checkpoint then loads
+        command = re.search(r"convert it once with: (.*?) \(", str(err.value))[1]
+        subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)
+        assert all(torch.equal(load_checkpoint(target).state_dict()[k], v) for k, v in state.items())
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

@@ -1,10 +1,12 @@
 """The `qwenvl-lab` command: its subcommands, each with --help, and what ask, build and chat do."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import refuse_writes_in
 
 from qwenvl_lab import cli
 
@@ -76,4 +78,156 @@ def test_chat_streams_answers_and_keeps_the_conversation(toy_chat, tmp_path):
     )
     text = "".join(out)
     assert status == 0 and "A red circle." in text and "One." in text
-    assert "no picture file at 'nowhere.png'" in text and "conversation cleared" in text
+    assert "nowhere.png was not attached: image file not found" in text and "conversation cleared" in text
+
+
+def _full_disk(monkeypatch, tmp_path):
+    from safetensors import SafetensorError
+
+    from qwenvl_lab.engine import build
+
+    def full(*args, **kwargs):
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })'
+        )
+
+    monkeypatch.setattr(build, "save_file", full)
+
+
+def _read_only(monkeypatch, tmp_path):
+    refuse_writes_in(monkeypatch, tmp_path)
+
+
+def _closed_stdin(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "stdin", None)  # what Python sees when its standard input was closed (<&-)
+
+
+def _empty_cwd(monkeypatch, tmp_path):
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+
+
+def _dangling(monkeypatch, tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "gone", target_is_directory=True)
+
+
+def _busy(monkeypatch, tmp_path):
+    from qwenvl_lab import bench
+
+    def busy(*args):
+        raise RuntimeError("the machine is too busy to measure; rerun with more --repeats")
+
+    monkeypatch.setattr(bench, "run_benchmark", busy)
+
+
+BUILD = ["build", "--max-batch-size", "1", "--images-per-request", "1"]
+USER_ERRORS = [  # (arguments, what sets the scene, what the one line says)
+    (["ask", "--device", "gpu"], None, r"--device 'gpu' is not a device: use cpu or cuda"),
+    (["ask", "--device", "cuda"], None, r"--device cuda: torch sees no CUDA GPU here; use cpu"),
+    (["ask", "--max-new-tokens", "0"], None, r"--max-new-tokens must be a whole number >= 1, got '0'"),
+    (["ask", "--image", "{tmp}"], None, r"--image .* is a folder, not a picture"),
+    (["ask", "--image", "{tmp}/nowhere.png"], None, r"picture not found: '.*nowhere.png'"),
+    (["chat", "--device", "cuda:x"], None, r"--device 'cuda:x' is not a device"),
+    (["chat", "--boxes", "{tmp}/file"], None, r"--boxes '.*file' is a file: give a folder for the pictures with boxes"),
+    (["chat", "--max-new-tokens", "-3"], None, r"--max-new-tokens must be a whole number >= 1, got '-3'"),
+    (["chat"], _closed_stdin, r"standard input is closed: run qwenvl-lab chat in a terminal, or pipe"),
+    ([*BUILD, "--engine", ""], None, r"--engine is empty: give the directory to write the engine to"),
+    ([*BUILD, "--engine", "."], _empty_cwd, r"the current directory .*give a new directory, e.g. ./engine"),
+    ([*BUILD, "--engine", "{tmp}/link"], _dangling, r"link is a symbolic link to .*gone, which does not exist"),
+    ([*BUILD, "--engine", "{tmp}/e"], _full_disk, r"no space left on the device of .*: free some space"),
+    ([*BUILD, "--engine", "{tmp}/e"], _read_only, r"cannot write in .* \(permission denied\): build into a directory"),
+    ([*BUILD, "--engine", "{tmp}/e", "--max-batch-size", "0"], None, r"--max-batch-size must be a whole number >= 1"),
+    (
+        ["build", "--engine", "{tmp}/e", "--images-per-request", "1000"],
+        None,
+        r"--images-per-request 1000: a request of --max-input-len 640 ids holds at most 2 pictures",
+    ),
+    (["build", "--engine", "{tmp}/e", "--images-per-request", "-1"], None, r"must be a whole number >= 0, got '-1'"),
+    (["bench", "--threads", "0"], None, r"--threads must be >= 1"),
+    (["bench", "--model", "tiny"], _busy, r"the machine is too busy to measure; rerun with more --repeats"),
+]
+
+
+@pytest.mark.parametrize("argv, scene, match", USER_ERRORS)
+def test_every_user_error_is_one_line_that_says_what_to_do(argv, scene, match, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    if scene is not None:
+        scene(monkeypatch, tmp_path)
+    try:
+        status = cli.main([a.format(tmp=tmp_path) for a in argv])
+    except SystemExit as exit_info:  # argparse: its usage, then one line
+        status = exit_info.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith(("usage:", " "))]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert re.match(rf"(qwenvl-lab |python -m qwenvl_lab\.){argv[0]}", lines[0]) and re.search(match, lines[0]), err
+
+
+def chat_session(engine_dir, lines, *extra):
+    """The text `qwenvl-lab chat` writes for the lines typed (then end of input)."""
+    typed, out = iter(lines), []
+
+    def read(prompt):
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    status = cli.chat_main(
+        ["--engine", str(engine_dir), "--max-new-tokens", "16", *extra],
+        read=read,
+        write=lambda *a, **k: out.append("".join(map(str, a)) + k.get("end", "\n")),
+    )
+    assert status == 0
+    return "".join(out)
+
+
+def test_chat_never_overwrites_earlier_pictures_with_boxes(toy_chat, tmp_path, monkeypatch):
+    from PIL import Image
+
+    from qwenvl_lab import widgets
+
+    (tmp_path / "turn-1.png").write_bytes(b"from an earlier session")
+    monkeypatch.setattr(widgets, "boxes_picture", lambda talk, answer: Image.new("RGB", (8, 8), (200, 0, 0)))
+    text = chat_session(
+        toy_chat[0].engine_dir,
+        ["/image " + str(IMAGES / "red_circle.png"), "Where is it?", "And now?"],
+        "--boxes",
+        str(tmp_path),
+    )
+    assert (tmp_path / "turn-1.png").read_bytes() == b"from an earlier session"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["turn-1.png", "turn-2.png", "turn-3.png"]
+    assert f"boxes drawn on the picture: {tmp_path / 'turn-2.png'}" in text
+
+
+def test_chat_commands_and_a_bad_picture_said_once(toy_chat, tmp_path):
+    (tmp_path / "notes.png").write_text("not a picture")
+    text = chat_session(
+        toy_chat[0].engine_dir,
+        [
+            "/image " + str(tmp_path / "notes.png"),
+            "/image",
+            "/image '" + str(IMAGES / "red_circle.png") + "'",
+            "/drop",
+            "What is in the picture?",
+            "How many shapes are there?",
+            "/help",
+            "/pictures",
+        ],
+        "--boxes",
+        str(tmp_path / "boxes"),
+    )
+    assert text.count("notes.png was not attached: cannot read") == 1 and "cannot ask" not in text
+    assert "give the picture's path: /image PATH" in text and "1 attached picture(s) dropped" in text
+    assert text.count("/drop  ") == 2  # the help, at the start and when asked
+    assert "unknown command /pictures: /help lists the commands" in text
+
+
+def test_chat_says_when_the_oldest_turns_no_longer_fit(toy_chat, tmp_path):
+    pictures = ["red_circle.png", "blue_square.png", "green_triangle.png", "yellow_circle.png", "three_shapes.png"]
+    lines = []
+    for name in pictures:
+        lines += ["/image " + str(IMAGES / name), "What is in the picture?"]
+    text = chat_session(toy_chat[0].engine_dir, lines, "--boxes", str(tmp_path))
+    assert "cannot ask" not in text
+    assert text.count("the oldest turn no longer fits the engine: left out of the conversation") == 1

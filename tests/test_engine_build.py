@@ -1,17 +1,23 @@
 """Building the engine: the limits are checked, and the directory holds the LM in TensorRT-LLM's layout and dtype."""
 
 import json
+import os
 import shutil
+import stat
+import struct
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import refuse_writes_in
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from qwenvl_lab.checkpoint import CheckpointError, read_state_dict
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_config, load_engine_vision_tower
 from qwenvl_lab.engine import build as build_module
-from qwenvl_lab.engine.build import ENGINE_VERSION
+from qwenvl_lab.engine.build import ENGINE_VERSION, verify_engine
 from qwenvl_lab.layout import to_trtllm_names
 
 
@@ -168,15 +174,145 @@ def test_a_directory_of_other_files_is_refused(tiny_checkpoint, tmp_path):
     assert (build_engine(tiny_checkpoint, empty, SMALL) / "manifest.json").is_file()
 
 
+def beside(folder: Path) -> list[str]:
+    """What a folder holds, but the builds' lock files."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock"))
+
+
 def test_rebuilding_needs_overwrite_and_replaces_the_engine_whole(tiny_checkpoint, tmp_path):
     engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
     with pytest.raises(FileExistsError, match="already holds an engine: pass overwrite=True"):
         build_engine(tiny_checkpoint, engine, SMALL)
-    (engine / "stray.txt").write_text("from the old engine")
+    (engine / "tuning.json").write_text("{}")  # the runner's tuned kernel choices, beside the engine
+    (engine / "llm" / ".DS_Store").write_bytes(b"")  # what macOS's Finder leaves in a folder it showed
     bigger = BuildConfig(max_batch_size=2, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=512)
     build_engine(tiny_checkpoint, engine, bigger, overwrite=True)
-    assert load_engine_config(engine)[0] == bigger and not (engine / "stray.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no temporary directories left
+    assert load_engine_config(engine)[0] == bigger and not (engine / "tuning.json").exists()
+    assert beside(tmp_path) == ["engine"]  # no temporary directories left
+
+
+def test_overwrite_replaces_only_what_the_builder_wrote(tiny_checkpoint, tmp_path):
+    work = tmp_path / "w"  # a folder of the user's that happens to hold a manifest.json
+    (work / "src").mkdir(parents=True)
+    (work / "manifest.json").write_text("{}")
+    (work / "src" / "app.js").write_text("code")
+    with pytest.raises(FileExistsError, match=r"w is not empty and holds no engine of this package \(manifest.json"):
+        build_engine(tiny_checkpoint, work, SMALL, overwrite=True)
+    forged = {"format": build_module.ENGINE_VERSION, "files": {"src/app.js": {"bytes": 4}}}
+    (work / "manifest.json").write_text(json.dumps(forged))  # a manifest's word is not enough
+    with pytest.raises(FileExistsError, match=r"holds files the engine builder did not write \(src/app.js\)"):
+        build_engine(tiny_checkpoint, work, SMALL, overwrite=True)
+    assert (work / "src" / "app.js").read_text() == "code"
+    engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    (engine / "notes.txt").write_text("mine")
+    (engine / "llm" / "extra").mkdir()
+    with pytest.raises(FileExistsError, match=r"did not write \(llm/extra/, notes.txt\): move them out"):
+        build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
+    assert (engine / "notes.txt").read_text() == "mine" and (engine / "llm" / "extra").is_dir()
+    ModelRunner.from_dir(engine)  # untouched
+
+
+def test_concurrent_builds_never_delete_each_others_work(tiny_checkpoint, tmp_path, monkeypatch):
+    half_way, go_on = threading.Event(), threading.Event()
+    vision_tower = build_module.load_visual_tower
+
+    def slow(*args, **kwargs):  # the build of e.v2 waits with its llm/ written in its temporary folder
+        if threading.current_thread().name == "slow":
+            half_way.set()
+            go_on.wait(120)
+        return vision_tower(*args, **kwargs)
+
+    monkeypatch.setattr(build_module, "load_visual_tower", slow)
+    errors = []
+    slow_build = threading.Thread(
+        name="slow", target=lambda: errors.extend(_raised(build_engine, tiny_checkpoint, tmp_path / "e.v2", SMALL))
+    )
+    slow_build.start()
+    try:
+        assert half_way.wait(120)
+        build_engine(tiny_checkpoint, tmp_path / "e", SMALL)  # a sibling, meanwhile
+        with pytest.raises(FileExistsError, match=r"another build is writing .*e.v2 now: wait for it to finish"):
+            build_engine(tiny_checkpoint, tmp_path / "e.v2", SMALL, overwrite=True)
+    finally:
+        go_on.set()
+        slow_build.join(120)
+    assert errors == []
+    for name in ("e", "e.v2"):
+        ModelRunner.from_dir(tmp_path / name)
+    assert beside(tmp_path) == ["e", "e.v2"]
+
+
+def _raised(call, *args, **kwargs) -> list:
+    try:
+        call(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - reported by the test
+        return [err]
+    return []
+
+
+def test_building_into_a_symlinked_folder_writes_where_it_points(tiny_checkpoint, tmp_path, monkeypatch):
+    disk, link = tmp_path / "disk", tmp_path / "engine"
+    disk.mkdir()
+    link.symlink_to(disk / "engines", target_is_directory=True)
+    monkeypatch.setattr(build_module, "convert_to_trtllm_checkpoint", _not_now)
+    with pytest.raises(FileNotFoundError, match=r"engine is a symbolic link to .*engines, which does not exist"):
+        build_engine(tiny_checkpoint, link, SMALL)  # refused before building anything
+    monkeypatch.undo()
+    (disk / "engines").mkdir()
+    for overwrite in (False, True):
+        build_engine(tiny_checkpoint, link, SMALL, overwrite=overwrite)
+        assert link.is_symlink() and (disk / "engines" / "manifest.json").is_file()
+    ModelRunner.from_dir(link)
+    assert beside(tmp_path) == ["disk", "engine"] and beside(disk) == ["engines"]
+
+
+def _not_now(*args, **kwargs):
+    raise AssertionError("the build started")
+
+
+def test_the_current_folder_is_refused_before_the_build(tiny_checkpoint, tmp_path, monkeypatch):
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    monkeypatch.setattr(build_module, "convert_to_trtllm_checkpoint", _not_now)
+    for target in (".", "./", tmp_path / "here", ".."):
+        with pytest.raises(ValueError, match=r"the current directory .*: give a new directory, e.g. \./engine"):
+            build_engine(tiny_checkpoint, target, SMALL)
+
+
+@pytest.mark.parametrize("umask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664)])
+def test_engine_folders_and_files_follow_the_umask(tiny_checkpoint, tmp_path, umask, folders, files):
+    previous = os.umask(umask)
+    try:
+        engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    finally:
+        os.umask(previous)
+    for path in [engine, *engine.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) == (folders if path.is_dir() else files), path
+
+
+def test_a_full_disk_or_a_read_only_folder_is_one_clear_error(tiny_checkpoint, tmp_path, monkeypatch):
+    engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    before = {p.relative_to(engine): p.read_bytes() for p in engine.rglob("*") if p.is_file()}
+
+    def full(*args, **kwargs):
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(build_module, "save_file", full)
+    with pytest.raises(OSError, match=rf"no space left on the device of {tmp_path}: free some space") as err:
+        build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
+    assert "\n" not in str(err.value) and ".tmp" not in str(err.value)
+    monkeypatch.undo()
+    refuse_writes_in(monkeypatch, tmp_path)
+    with pytest.raises(
+        PermissionError, match=rf"cannot write in {tmp_path} \(permission denied\): build into a"
+    ) as err:
+        build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
+    assert ".tmp" not in str(err.value) and ".lock" not in str(err.value)
+    monkeypatch.undo()
+    assert {p.relative_to(engine): p.read_bytes() for p in engine.rglob("*") if p.is_file()} == before
+    assert beside(tmp_path) == ["engine"]
 
 
 def test_a_failed_build_leaves_the_previous_engine_as_it_was(tiny_checkpoint, tmp_path, monkeypatch):
@@ -195,7 +331,7 @@ def test_a_failed_build_leaves_the_previous_engine_as_it_was(tiny_checkpoint, tm
             overwrite=True,
         )
     assert {p.relative_to(engine): p.read_bytes() for p in engine.rglob("*") if p.is_file()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # the half-written copy is gone
+    assert beside(tmp_path) == ["engine"]  # the half-written copy is gone
     assert load_engine_config(engine)[0] == SMALL
 
 
@@ -204,4 +340,45 @@ def test_a_killed_builds_leftovers_are_removed_by_the_next_build(tiny_checkpoint
     (leftover / "llm").mkdir(parents=True)
     (leftover / "llm" / "rank0.safetensors").write_bytes(b"half")
     build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
+    assert beside(tmp_path) == ["engine"]
+
+
+def damage_in_place(path: Path, where: float) -> None:
+    """Write NaN over 4 bytes of a safetensors file's tensor data at fraction `where` of it, the size unchanged."""
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # past the JSON header
+    k = start + int((len(data) - start - 4) * where) // 4 * 4
+    data[k : k + 4] = struct.pack("<f", float("nan"))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["llm/rank0.safetensors", "vision/model.safetensors"])
+def test_an_engine_changed_in_place_is_refused(tiny_engine, tmp_path, name):
+    engine = copy_of(tiny_engine, tmp_path)
+    damage_in_place(engine / name, 0.5)
+    with pytest.raises(CheckpointError, match=rf"{name} was changed after the build \(its checksum differs\)"):
+        ModelRunner.from_dir(engine)
+    if name.startswith("vision"):
+        with pytest.raises(CheckpointError, match="was changed after the build"):
+            load_engine_vision_tower(engine)
+
+
+def test_a_quick_check_reads_sizes_small_files_and_the_ends_of_large_ones(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(build_module, "CHUNK_BYTES", 64 * 1024)  # so that the tiny engine's weights span many chunks
+    engine = build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    weights = engine / "llm" / "rank0.safetensors"
+    assert manifest["chunk_bytes"] == 64 * 1024 and len(manifest["files"]["llm/rank0.safetensors"]["sha256"]) > 3
+    damage_in_place(weights, 0.5)  # a middle chunk: the quick check does not read it, the full one does
+    ModelRunner.from_dir(engine, verify="quick")
+    with pytest.raises(CheckpointError, match="rank0.safetensors was changed after the build"):
+        ModelRunner.from_dir(engine, verify="full")
+    with pytest.raises(CheckpointError, match="rank0.safetensors was changed after the build"):
+        verify_engine(engine)  # on demand, after a quick load
+    data = bytearray(weights.read_bytes())
+    data[20] ^= 1  # the header: every tensor's name, dtype, shape and offsets
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="rank0.safetensors was changed after the build"):
+        ModelRunner.from_dir(engine, verify="quick")
+    with pytest.raises(ValueError, match="verify must be 'full', 'quick' or 'none'"):
+        ModelRunner.from_dir(engine, verify=True)

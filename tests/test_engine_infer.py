@@ -1,5 +1,8 @@
 """QWenInfer.qwen_infer: pictures and a question in, the answer out — the same answer the original Qwen-VL path gives."""
 
+import threading
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -7,6 +10,7 @@ from qwenvl_lab.engine import ModelRunner, QWenInfer
 from qwenvl_lab.tokenizing import IM_END_ID, make_context
 
 NEW_TOKENS = 5
+IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +76,45 @@ def test_needs_a_vision_part(tiny_model):
     runner = ModelRunner.from_model(tiny_model, BuildConfig(max_input_len=64, max_seq_len=64))
     with pytest.raises(ValueError, match="give the vision tower"):
         QWenInfer(runner)
+
+
+def test_threads_sharing_one_runner_each_get_their_own_answer(toy_chat):
+    runner, tower, tokenizer = toy_chat
+    infer = QWenInfer(runner, tower, tokenizer)
+    pictures = [IMAGES / name for name in ("red_circle.png", "blue_square.png", "green_triangle.png")]
+    alone = [infer.qwen_infer([p], "图片里是什么？", max_new_tokens=12)[0] for p in pictures]
+    assert len(set(alone)) == 3
+
+    def ask(picture, start, answers):
+        start.wait()
+        answers[picture] = infer.qwen_infer([picture], "图片里是什么？", max_new_tokens=12)[0]
+
+    for _ in range(3):
+        start, answers = threading.Barrier(len(pictures)), {}
+        threads = [threading.Thread(target=ask, args=(p, start, answers)) for p in pictures]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [answers.get(p) for p in pictures] == alone
+
+
+def test_while_a_stream_is_open_other_threads_are_refused_and_then_served(toy_chat):
+    runner, tower, tokenizer = toy_chat
+    ids = torch.tensor(make_context(tokenizer, "What is in the picture?")[1])
+    stream = runner.generate([ids], max_new_tokens=4, streaming=True)
+    next(stream)
+    refused = []
+
+    def other():
+        try:
+            runner.generate([ids], max_new_tokens=2)
+        except RuntimeError as err:
+            refused.append(str(err))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(60)
+    assert refused and "a streaming generation still holds this runner" in refused[0]
+    stream.close()
+    assert not runner.busy and runner.generate([ids], max_new_tokens=2).shape[-1] == len(ids) + 2

@@ -8,19 +8,22 @@ with `@fuzz(ci_examples)` whose body runs the call through `outcome(...)` and th
 import io
 import math
 import os
-import signal
+import re
 import unicodedata
-from contextlib import contextmanager
+from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
+from conftest import time_limit
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from qwenvl_lab import grounding
 from qwenvl_lab.checkpoint import CheckpointError
 from qwenvl_lab.fake_ids import replace_image_spans
+from qwenvl_lab.grounding import to_list_format
 from qwenvl_lab.img_pos import as_batch, locate_img_pos
 from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup, to_torch_dtype
@@ -67,22 +70,6 @@ def fuzz(ci_examples: int):
     return settings(profile, max_examples=ci_examples) if PROFILE == "ci" else profile
 
 
-@contextmanager
-def time_limit(seconds: int = EXAMPLE_SECONDS):
-    """Fail an example that runs longer than `seconds` (a hang)."""
-
-    def stop(signum, frame):
-        raise AssertionError(f"an example ran longer than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 class Refused:
     """The deliberate error a call raised."""
 
@@ -95,7 +82,7 @@ class Refused:
 
 def outcome(call, *args, **kwargs):
     """The call's result, or Refused(error) for a deliberate error with a message; any other exception fails."""
-    with time_limit():
+    with time_limit(EXAMPLE_SECONDS):
         try:
             result = call(*args, **kwargs)
         except ALLOWED_ERRORS as error:
@@ -192,6 +179,28 @@ def test_valid_element_lists_encode(tokenizer, elements, history_turns):
     raw_text, context = make_context(tokenizer, query, history=history)
     assert tokenizer.decode(context) == raw_text
     assert context.count(IMAGE_START_ID) == len(paths) * (history_turns + 1)
+
+
+QWEN_ANSWER_TAGS = {"<ref>", "</ref>", "<box>", "</box>", "<quad>", "</quad>"}  # Qwen-VL's IMAGE_ST but the image tags
+ANSWER_TEXT = st.lists(
+    st.one_of(st.text(max_size=6), TRICKY, st.sampled_from([*QWEN_ANSWER_TAGS, "(1,2),(3,4)", "\u0338", ">"])),
+    max_size=10,
+).map("".join)
+
+
+@fuzz(300)
+@given(answer=ANSWER_TEXT, question=UTF8_TEXT)
+def test_history_answers_are_encoded_by_qwen_vls_rule(tokenizer, answer, question):
+    # Qwen-VL's make_context: tokenizer.encode(NFC(answer), allowed_special=IMAGE_ST), other special tokens as text;
+    # here its image tags stay text too (no text may create an image span)
+    result = outcome(make_context, tokenizer, "next?", history=[(question, answer)])
+    assert not refused(result), result
+    empty = make_context(tokenizer, "next?", history=[(question, "")])[1]
+    k = [i for i, t in enumerate(empty) if t == IM_END_ID][2]  # ends: the system's, the question's, the answer's
+    qwen = tokenizer.encoding.encode(
+        unicodedata.normalize("NFC", answer), allowed_special=QWEN_ANSWER_TAGS, disallowed_special=()
+    )
+    assert result[1] == empty[:k] + qwen + empty[k:]
 
 
 ANY_VALUE = st.recursive(
@@ -721,7 +730,7 @@ def small_engine(tmp_path_factory):
     )
 
 
-DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty")
+DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty", "change in place")
 
 
 @fuzz(25)
@@ -736,7 +745,10 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
     _shutil.copytree(small_engine, engine)
     files = sorted(p.relative_to(engine).as_posix() for p in engine.rglob("*") if p.is_file())
     name = data.draw(st.sampled_from(files))
-    damage = data.draw(st.sampled_from(DAMAGES if name.endswith(".json") else DAMAGES[:2] + DAMAGES[4:]))
+    kinds = DAMAGES if name.endswith(".json") else DAMAGES[:2] + DAMAGES[4:]
+    if name == "manifest.json":  # the record of the files, not one of them: a tab for a space there changes nothing
+        kinds = kinds[:-1]
+    damage = data.draw(st.sampled_from(kinds))
     path = engine / name
     if damage == "delete":
         path.unlink()
@@ -745,6 +757,13 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
         path.write_bytes(path.read_bytes()[: data.draw(st.integers(0, max(kept, 0)))])
     elif damage == "empty":
         path.write_bytes(b"")
+    elif damage == "change in place":  # the same size: only the checksums can tell
+        content = bytearray(path.read_bytes())
+        if not content:
+            return
+        where = data.draw(st.integers(0, len(content) - 1))
+        content[where] ^= data.draw(st.integers(1, 255))
+        path.write_bytes(bytes(content))
     else:
         config = _json.loads(path.read_text())
         keys = sorted(config) if isinstance(config, dict) else []
@@ -766,3 +785,98 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
     out = outcome(load, engine)
     assert refused(out), f"an engine with {name} damaged ({damage}) was loaded"
     _shutil.rmtree(engine.parent)
+
+
+# grounding: plain text read in linear time, as the one-regex reading reads it
+
+QWEN_TEXT_TAGS = re.compile(r"<img>(.*?)</img>|(<img>|</?ref>|</?box>)", re.DOTALL)  # nearest </img> closes an <img>
+TAG_FRAGMENTS = ["<img>", "</img>", "<ref>", "</ref>", "<box>", "</box>", "(1,2),(3,4)", "a", "\n", "Picture 1: ", "<"]
+
+
+def regex_pieces(text: str) -> list[tuple[str, str]]:
+    """The pieces of text as one regex reads them (an unclosed <img> searches the rest of the text: quadratic)."""
+    pieces, end = [], 0
+    for m in QWEN_TEXT_TAGS.finditer(text):
+        pieces += [("text", text[end : m.start()]), ("tag", m[2]) if m[2] else ("image", m[1])]
+        end = m.end()
+    return pieces + [("text", text[end:])]
+
+
+@fuzz(300)
+@given(text=st.lists(st.one_of(st.sampled_from(TAG_FRAGMENTS), st.text(max_size=4)), max_size=30).map("".join))
+def test_text_is_read_as_the_regex_reads_it(text):
+    assert grounding._text_pieces(text) == regex_pieces(text)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # strict=False warns about every malformed tag
+@settings(fuzz(30), deadline=timedelta(seconds=3))  # linear: < 0.3 s for 100,000 characters; quadratic: > 9 s
+@given(
+    unit=st.lists(st.sampled_from(TAG_FRAGMENTS), min_size=1, max_size=6).map("".join),
+    length=st.one_of(st.integers(1, 1000), st.integers(50_000, 100_000)),  # half the texts long
+    strict=st.booleans(),
+)
+def test_reading_grounding_text_takes_linear_time(unit, length, strict):
+    text = (unit * (length // len(unit) + 1))[:length]
+    out = outcome(to_list_format, text, strict=strict)
+    if refused(out):
+        assert strict and type(out.error) is ValueError
+    else:
+        assert all(e.keys() in ({"text"}, {"image"}, {"ref"}, {"box"}, {"ref", "box"}) for e in out)
+
+
+# pictures: an upload gives the pixels of the same file read from its path, in every mode Pillow reads
+
+PICTURE_MODES = ("1", "L", "P", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "I", "F", "LA", "PA", "I;16", "I;16B")
+PICTURE_FORMATS = ("PNG", "TIFF", "JPEG", "WEBP", "BMP", "GIF", "PPM", "TGA", "ICO", "JPEG2000", "PCX", "SGI")
+
+
+def random_picture(mode: str, pixels: np.ndarray) -> Image.Image:
+    """A picture in `mode` from random 16-bit samples [H, W, 3]."""
+    if mode == "F":
+        return Image.fromarray(pixels[..., 0].astype(np.float32) / 50000.0, mode="F")  # a few pixels past 1.0
+    if mode == "I":
+        return Image.fromarray(pixels[..., 0].astype(np.int32) * 2 - 20000, mode="I")  # negatives and past 65535
+    if mode.startswith("I;16"):
+        picture = Image.new(mode, pixels.shape[1::-1])
+        picture.putdata(pixels[..., 0].reshape(-1).tolist())
+        return picture
+    return Image.fromarray((pixels >> 8).astype(np.uint8)).convert(mode)
+
+
+def saves_and_reopens(mode: str, fmt: str) -> bool:
+    out = io.BytesIO()
+    try:
+        random_picture(mode, np.zeros((2, 2, 3), dtype=np.uint16)).save(out, fmt)
+        Image.open(io.BytesIO(out.getvalue())).load()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+MODE_FORMATS = [(m, f) for m in PICTURE_MODES for f in PICTURE_FORMATS if saves_and_reopens(m, f)]
+
+
+@fuzz(200)
+@given(
+    mode_format=st.sampled_from(MODE_FORMATS),
+    size=st.tuples(st.integers(1, 24), st.integers(1, 24)),
+    seed=st.integers(0, 2**32 - 1),
+    exif_transpose=st.booleans(),
+)
+def test_an_upload_reads_as_the_file_from_its_path(picture_file, mode_format, size, seed, exif_transpose):
+    from qwenvl_lab.widgets import picture_from_upload
+
+    mode, fmt = mode_format
+    pixels = np.random.default_rng(seed).integers(0, 65536, (size[1], size[0], 3), dtype=np.uint16)
+    out = io.BytesIO()
+    random_picture(mode, pixels).save(out, fmt)
+    data = out.getvalue()
+    picture_file.write_bytes(data)
+    from_path = outcome(load_image, picture_file, exif_transpose=exif_transpose)
+    assert not refused(from_path), f"{mode} saved as {fmt}: {from_path}"
+    event(f"{Image.open(io.BytesIO(data)).mode} read from {fmt}")
+    expected = np.asarray(from_path)
+    assert np.array_equal(np.asarray(load_image(data, exif_transpose=exif_transpose)), expected)
+    assert np.array_equal(np.asarray(load_image(Image.open(io.BytesIO(data)), exif_transpose)), expected)
+    if not exif_transpose:
+        assert np.array_equal(np.asarray(picture_from_upload(({"content": memoryview(data)},))), expected)

@@ -505,6 +505,30 @@ def test_history_may_hold_queries(tok):
     assert ids.count(IMAGE_START_ID) == 1 and tok.decode(ids) == raw_text
 
 
+GROUNDING = {"<ref>", "</ref>", "<box>", "</box>", "<quad>", "</quad>"}  # Qwen-VL's IMAGE_ST without its image tags
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "<ref>红色的圆形</ref><box>(100,200),(600,900)</box>",
+        "两个：<ref>a</ref><box>(1,2),(3,4)</box><box>(5,6),(7,8)</box> and <quad>(1,2),(3,4),(5,6),(7,8)</quad>",
+        "<img>secret.png</img> <|im_end|> <imgpad>",  # no image span, no chatml token from an answer's text
+        "<ref>\u0338x</ref>",  # NFC makes '>' + U+0338 one character (≯): that </ref> is no tag any more
+    ],
+)
+def test_history_answers_are_encoded_as_qwen_vl_encodes_them(tok, answer):
+    # Qwen-VL's make_context encodes an answer with allowed_special=IMAGE_ST (qwen_generation_utils.py); its image
+    # tags stay text here, so that no text can create an image span
+    raw_text, ids = make_context(tok, "next?", history=[("first?", answer)])
+    empty = make_context(tok, "next?", history=[("first?", "")])[1]
+    k = empty.index(ASSISTANT_ID) + 2  # after <|im_start|>assistant\n of the history turn
+    qwen = tok.encoding.encode(unicodedata.normalize("NFC", answer), allowed_special=GROUNDING, disallowed_special=())
+    assert ids == empty[:k] + qwen + empty[k:]
+    assert IMAGE_START_ID not in ids and ids.count(IM_END_ID) == empty.count(IM_END_ID)
+    assert tok.decode(ids) == raw_text
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

@@ -8,6 +8,8 @@ side of the call, not TensorRT-LLM.
 """
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -463,3 +465,44 @@ def test_penalty_and_stop_words_reach_tensorrt_llm_in_its_form(tiny):
     assert runner.session.calls[-1]["stop_words_list"] == [[[151644]]]
     with pytest.raises(ValueError, match="one list of stop sequences per request"):
         runner.generate([torch.tensor([1, 2])], max_new_tokens=2, stop_words_list=[[151644]] * 2)
+
+
+class OneRequestAtATime:
+    """A session that, like a KV cache, holds one batch while it works: a second caller meanwhile would overwrite it."""
+
+    def __init__(self):
+        self.current = None
+
+    def generate(self, batch_input_ids, *, max_new_tokens, end_id, streaming=False, **kwargs):
+        self.current = batch_input_ids
+        time.sleep(0.05)  # the work; a call from another thread now changes self.current
+        ids = self.current[0]
+        width = len(ids) + max_new_tokens
+        output_ids = torch.full((1, 1, width), end_id, dtype=torch.int32)
+        output_ids[0, 0, : len(ids)] = ids
+        output_ids[0, 0, len(ids) :] = ids[-1]  # the "answer" repeats the request's last id
+        out = {"output_ids": output_ids, "sequence_lengths": torch.tensor([[width]], dtype=torch.int32)}
+        return iter([out, out]) if streaming else out
+
+
+@pytest.mark.standin
+def test_threads_sharing_a_trtllm_runner_each_get_their_own_answer(tmp_path):
+    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e")), OneRequestAtATime())
+    start, answers = threading.Barrier(4), {}
+
+    def ask(last_id):
+        start.wait()
+        answers[last_id] = int(runner.generate([torch.tensor([872, 198, last_id])], max_new_tokens=2)[0, 0, -1])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in (11, 12, 13, 14)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers == {11: 11, 12: 12, 13: 13, 14: 14}
+    stream = runner.generate([torch.tensor([872, 198, 15])], max_new_tokens=2, streaming=True)
+    next(stream)
+    with pytest.raises(RuntimeError, match="a streaming generation still holds this runner"):
+        runner.generate([torch.tensor([872, 198, 16])], max_new_tokens=2)
+    stream.close()
+    assert int(runner.generate([torch.tensor([872, 198, 16])], max_new_tokens=2)[0, 0, -1]) == 16

@@ -127,10 +127,12 @@ def test_directory_is_not_an_image(tmp_path):
         preprocess_images([str(tmp_path)], SIZE)
 
 
-@pytest.mark.parametrize("image", [None, 3, b"a.png", ["a.png"]])
+@pytest.mark.parametrize("image", [None, 3, ["a.png"]])
 def test_image_of_a_wrong_type(image):
     with pytest.raises(TypeError, match="path .* or a PIL image"):
         load_image(image)
+    with pytest.raises(ValueError, match="cannot read the 5 bytes given as an image"):
+        load_image(b"a.png")  # bytes are a file's content, not its name
 
 
 def test_non_image_file_is_a_clear_value_error(tmp_path):

@@ -5,6 +5,7 @@ import io
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -21,6 +22,7 @@ from qwenvl_lab.tokenizing import (
     make_context,
 )
 from qwenvl_lab.toy.evaluate import ask
+from qwenvl_lab.vision import load_image
 from qwenvl_lab.widgets import (
     ID_STYLE,
     KIND_COLORS,
@@ -310,6 +312,38 @@ def test_picture_from_upload():
         picture_from_upload([{"name": "x"}])
     with pytest.raises(TypeError, match="expected uploaded bytes, got str"):
         picture_from_upload("red.png")
+
+
+def picture_file_bytes(mode: str, fmt: str) -> bytes:
+    """A small picture of random pixels in `mode`, saved as `fmt`."""
+    rng = np.random.default_rng(7)
+    if mode == "F":
+        picture = Image.fromarray(rng.random((9, 11)).astype(np.float32), mode="F")
+    elif mode == "I;16":
+        picture = Image.fromarray(rng.integers(0, 65536, (9, 11)).astype(np.uint16))
+    else:
+        picture = Image.fromarray(rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)).convert(mode)
+    buffer = io.BytesIO()
+    picture.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "mode, fmt",
+    [("I;16", "PNG"), ("I;16", "TIFF"), ("F", "TIFF"), ("P", "PNG"), ("LA", "PNG"), ("CMYK", "JPEG"), ("RGBA", "PNG")],
+)
+def test_an_upload_gives_the_pixels_of_the_same_file_read_from_its_path(tmp_path, mode, fmt):
+    data = picture_file_bytes(mode, fmt)
+    (tmp_path / "picture").write_bytes(data)
+    from_path = np.asarray(load_image(tmp_path / "picture"))
+    assert np.array_equal(np.asarray(picture_from_upload(({"name": "p", "content": memoryview(data)},))), from_path)
+    assert np.array_equal(np.asarray(load_image(Image.open(io.BytesIO(data)))), from_path)
+
+
+def test_a_16_bit_upload_is_scaled_to_8_bits():
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 4), 128 * 257, dtype=np.uint16)).save(buffer, format="PNG")  # mid-grey, 16 bits
+    assert picture_from_upload(buffer.getvalue()).getpixel((1, 1)) == (128, 128, 128)
 
 
 def test_ask_panel_result_matches_the_pipeline(tiny_model, tokenizer, image_files):

@@ -1,7 +1,7 @@
 """The engine: TensorRT-LLM's build-then-generate interface (prompt tables, KV cache, CUDA graphs) in PyTorch."""
 
 from ..limits import BuildConfig
-from .build import build_engine, load_engine_config, load_engine_vision_tower
+from .build import build_engine, load_engine_config, load_engine_vision_tower, verify_engine
 from .infer import QWenInfer, generate_for_qwenvl
 from .runner import GenerationStream, ModelRunner
 
@@ -14,4 +14,5 @@ __all__ = [
     "generate_for_qwenvl",
     "load_engine_config",
     "load_engine_vision_tower",
+    "verify_engine",
 ]

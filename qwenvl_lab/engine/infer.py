@@ -55,17 +55,21 @@ def generate_for_qwenvl(
 class QWenInfer:
     """run.py's QWenInfer on this engine: tokenizer, vision part and ModelRunner; `qwen_infer` answers a question."""
 
-    def __init__(self, runner: ModelRunner, vision=None, tokenizer=None):
+    def __init__(self, runner: ModelRunner, vision=None, tokenizer=None, verify: str = "full"):
         if vision is None and runner.engine_dir is None:
             raise ValueError("give the vision tower: this runner was not loaded from an engine directory")
         self.runner = runner
-        self.vision = load_engine_vision_tower(runner.engine_dir, runner.device) if vision is None else vision
+        if vision is None:  # the engine's vision part, its files checked as `verify` says
+            vision = load_engine_vision_tower(runner.engine_dir, runner.device, verify)
+        self.vision = vision
         self.tokenizer = load_tokenizer(runner.engine_dir) if tokenizer is None else tokenizer
 
     @classmethod
-    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto") -> "QWenInfer":
-        """The engine directory's runner, vision part and tokenizer (its qwen.tiktoken, else the package's)."""
-        return cls(ModelRunner.from_dir(engine_dir, device=device, decode_backend=decode_backend))
+    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto", verify: str = "full") -> "QWenInfer":
+        """The engine directory's runner, vision part and tokenizer (its qwen.tiktoken, else the package's), every file
+        checked once against the manifest (`verify` as in ModelRunner.from_dir)."""
+        runner = ModelRunner.from_dir(engine_dir, device=device, decode_backend=decode_backend, verify=verify)
+        return cls(runner, verify="none")  # its vision files were just checked with the rest
 
     def qwen_infer(
         self, images, question: str, history=None, max_new_tokens: int = 64, system: str = chat.SYSTEM, **sampling

@@ -12,56 +12,15 @@ from tqdm.auto import tqdm
 from ..layout import to_trtllm_names
 from ..limits import BuildConfig, check_model_limits
 from ..prompt_table import prompt_tuning_embedding
-from ..requests import check_request, check_sampling, check_stop_words
+from ..requests import GenerationStream, OneGeneration, check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
-from .build import load_engine_config, load_engine_weights
+from .build import TUNING_FILE, load_engine_config, load_engine_weights
 from .cuda_graphs import DecodeGraphs
 from .decode import choose_backend, make_decode_step
 from .forward import LanguageModelEngine
 from .sampling import penalize_repetition, sample_tokens
-
-TUNING_FILE = "tuning.json"  # beside an engine: the decode kernels' tuned choices, per GPU and Triton version
-
-
-class GenerationStream:
-    """A streaming generation: iterating gives the outputs after every token. It holds the runner's KV cache until it
-    is exhausted, closed (`close()`, leaving a `with` block) or dropped (a `for` loop broken out of, a function that
-    returned), whichever comes first."""
-
-    def __init__(self, runner: "ModelRunner", steps, to_outputs):
-        self.runner, self.steps, self.to_outputs = runner, steps, to_outputs
-        runner.busy = True
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.steps is None:
-            raise StopIteration
-        try:
-            new_ids, generated = next(self.steps)
-        except BaseException:  # exhausted, or failed: the cache is free either way
-            self.close()
-            raise
-        return self.to_outputs(new_ids, generated)
-
-    def close(self) -> None:
-        """Stop the generation now and free the runner (idempotent)."""
-        if self.steps is not None:
-            steps, self.steps = self.steps, None
-            steps.close()
-            self.runner.busy = False
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 class ModelRunner:
@@ -87,6 +46,7 @@ class ModelRunner:
         self.max_batch_size, self.max_beam_width = build_config.max_batch_size, build_config.max_beam_width
         self.max_input_len, self.max_seq_len = build_config.max_input_len, build_config.max_seq_len
         self.max_prompt_embedding_table_size = build_config.max_prompt_embedding_table_size
+        self.max_request_rows = self.max_prompt_embedding_table_size  # one request may fill the table (run.py's way)
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
         rows = build_config.max_batch_size * build_config.max_beam_width
@@ -99,15 +59,18 @@ class ModelRunner:
             if device.type == "cuda"
             else self.decode_step
         )
-        self.busy = False  # a streaming generation holds the KV cache
+        self.turn = OneGeneration()  # one generation at a time holds the KV cache
         self.tuning_file = None if tuning_file is None else Path(tuning_file)
         self._load_choices()
 
     @classmethod
-    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto", warm_up=None) -> "ModelRunner":
-        """Load an engine directory written by build_engine onto `device`; warm_up (default: on CUDA) does the decode
-        step's first run now rather than in the first question (`warm_up()`)."""
-        build_config, pretrained = load_engine_config(engine_dir)
+    def from_dir(
+        cls, engine_dir, device="cpu", decode_backend: str = "auto", warm_up=None, verify: str = "full"
+    ) -> "ModelRunner":
+        """Load an engine directory written by build_engine onto `device`, every file checked against its manifest
+        (`verify`: "full" reads every byte, "quick" samples large files, "none" checks sizes; see verify_engine);
+        warm_up (default: on CUDA) does the decode step's first run now rather than in the first question."""
+        build_config, pretrained = load_engine_config(engine_dir, verify)
         runner = cls(
             build_config,
             pretrained,
@@ -137,19 +100,27 @@ class ModelRunner:
             tuning_file=tuning_file,
         )
 
+    @property
+    def busy(self) -> bool:
+        """True while a generation runs or a streaming generation is open."""
+        return self.turn.busy
+
     def warm_up(self, progress: bool = True) -> None:
         """Do now what the first question would otherwise wait for: a prefill, and the decode step's first run for one
         row — Triton's autotuning, numba's or torch.compile's compilation, the first CUDA graph. The Triton kernels'
         tuned choices are saved beside the engine (tuning.json) and reused by the next process that loads it."""
-        self._check_free()
         ids = torch.zeros(1, dtype=torch.long, device=self.device)
         stages = {
             "prefill": lambda: self.engine.prefill(self.engine.embed(ids), [1], [range(0, 1)]),
             "decode step": lambda: self.decoder(ids, ids, 1),
         }
-        with torch.inference_mode():
-            for name in tqdm(stages, desc="warming up", disable=not progress):
-                stages[name]()
+        self.turn.begin()
+        try:
+            with torch.inference_mode():
+                for name in tqdm(stages, desc="warming up", disable=not progress):
+                    stages[name]()
+        finally:
+            self.turn.end()
         self._save_choices()
 
     def _tuning(self) -> dict:
@@ -230,9 +201,9 @@ class ModelRunner:
         beam search with transformers' semantics. end_id=-1 never stops; stop_words_list (one list of token-id
         sequences per request, as TensorRT-LLM takes it) stops a request once its new tokens end with one of them.
         streaming=True returns a GenerationStream of the same outputs after every step. return_dict=True gives
-        {"output_ids", "sequence_lengths"}.
+        {"output_ids", "sequence_lengths"}. Threads may share the runner: a call waits for the generation running
+        (one at a time holds the KV cache), and is refused while a streaming generation is open.
         """
-        self._check_free()
         greedy = check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
         request = check_request(
             self.build_config,
@@ -255,42 +226,54 @@ class ModelRunner:
                 "repetition_penalty and stop_words_list apply to greedy and sampled decoding here, not to "
                 "beam search: leave them out with num_beams > 1"
             )
-        requests = [ids.to(self.device) for ids in request.ids]
-        table = None if request.table is None else request.table.to(self.device)
-        embeds = [self._embed(ids, table, request, r) for r, ids in enumerate(requests)]
-        if num_beams > 1:
-            search = BeamSearch(
-                len(requests), num_beams, max_new_tokens, end_id, pad_id, length_penalty, early_stopping, self.device
-            )
-            steps = self._beam_steps(requests, embeds, search)
-        else:
-            generator = None
-            if random_seed is not None:
-                generator = torch.Generator(device=self.device).manual_seed(random_seed)
+        self.turn.begin(streaming)
+        stream = None
+        try:
+            requests = [ids.to(self.device) for ids in request.ids]
+            table = None if request.table is None else request.table.to(self.device)
+            embeds = [self._embed(ids, table, request, r) for r, ids in enumerate(requests)]
+            if num_beams > 1:
+                search = BeamSearch(
+                    len(requests),
+                    num_beams,
+                    max_new_tokens,
+                    end_id,
+                    pad_id,
+                    length_penalty,
+                    early_stopping,
+                    self.device,
+                )
+                steps = self._beam_steps(requests, embeds, search)
+            else:
+                generator = None
+                if random_seed is not None:
+                    generator = torch.Generator(device=self.device).manual_seed(random_seed)
 
-            def pick(logits, seen):
-                if repetition_penalty != 1.0:
-                    logits = penalize_repetition(logits, seen, repetition_penalty)
-                return sample_tokens(logits, temperature, top_k, top_p, generator)
+                def pick(logits, seen):
+                    if repetition_penalty != 1.0:
+                        logits = penalize_repetition(logits, seen, repetition_penalty)
+                    return sample_tokens(logits, temperature, top_k, top_p, generator)
 
-            steps = self._sampling_steps(
-                requests, embeds, max_new_tokens, end_id, pad_id, pick, stop_words, track_seen=repetition_penalty != 1.0
-            )
-        if streaming:
-            return GenerationStream(
-                self,
-                steps,
-                lambda ids, lengths: self._outputs(requests, ids, lengths, pad_id, max_new_tokens, return_dict),
-            )
-        last = deque(steps, maxlen=1)[0]  # run every step, keep the last one's outputs
-        return self._outputs(requests, *last, pad_id, max_new_tokens, return_dict)
-
-    def _check_free(self) -> None:
-        """Raise while a streaming generation holds the KV cache."""
-        if self.busy:
-            raise RuntimeError(
-                "a streaming generation still holds this runner's KV cache: exhaust it or close() it first"
-            )
+                steps = self._sampling_steps(
+                    requests,
+                    embeds,
+                    max_new_tokens,
+                    end_id,
+                    pad_id,
+                    pick,
+                    stop_words,
+                    track_seen=repetition_penalty != 1.0,
+                )
+            if streaming:
+                stream = GenerationStream(
+                    steps, lambda step: self._outputs(requests, *step, pad_id, max_new_tokens, return_dict), self.turn
+                )
+                return stream
+            last = deque(steps, maxlen=1)[0]  # run every step, keep the last one's outputs
+            return self._outputs(requests, *last, pad_id, max_new_tokens, return_dict)
+        finally:
+            if stream is None:  # else the stream frees the runner when it ends
+                self.turn.end()
 
     def _embed(self, ids, table, request, r: int) -> torch.Tensor:
         """Embeddings [L, H] of request r: vocabulary rows, and prompt-table rows for its fake ids (its task's block)."""

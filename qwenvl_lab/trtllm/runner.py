@@ -7,7 +7,7 @@ import torch
 
 from ..files import CheckpointError, field, read_json
 from ..limits import BuildConfig
-from ..requests import check_request, check_sampling, check_stop_words
+from ..requests import GenerationStream, OneGeneration, check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from .gpu import require_gpu_stack
 from .mpi_world import check_world, mpi_world
@@ -72,7 +72,9 @@ class TRTLLMRunner:
     def __init__(self, config: EngineConfig, session):
         self.config = config
         self.session = session  # tensorrt_llm.runtime.ModelRunnerCpp
+        self.turn = OneGeneration()  # one generation at a time, as in the engine's ModelRunner
         self.vocab_size, self.dtype, self.max_seq_len = config.vocab_size, config.build.dtype, config.build.max_seq_len
+        self.max_input_len, self.max_request_rows = config.build.max_input_len, config.rows_per_request
 
     @classmethod
     def from_dir(cls, engine_dir, rank=None, **runner_kwargs) -> "TRTLLMRunner":
@@ -170,7 +172,7 @@ class TRTLLMRunner:
         return_dict adds sequence_lengths). Request i reads table prompt_tasks[i] and its fake ids run from
         vocab_size over that table's rows (per_request_tables builds ids, table and tasks that way).
         With tensor parallelism only rank 0 gets outputs, as in TensorRT-LLM: on the other ranks ModelRunnerCpp
-        enqueues nothing and returns [], and this returns None.
+        enqueues nothing and returns [], and this returns None. Threads may share the runner, as the engine's.
         """
         check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
         if early_stopping not in (True, False):
@@ -192,23 +194,32 @@ class TRTLLMRunner:
             sampling["stop_words_list"] = [[list(w) for w in words] for words in stop_words]
         if random_seed is not None:
             sampling["random_seed"] = random_seed
-        outputs = self.session.generate(
-            ids,
-            prompt_table=tables,
-            prompt_tasks=tasks,
-            max_new_tokens=max_new_tokens,
-            end_id=end_id,
-            pad_id=pad_id,
-            streaming=streaming,
-            return_dict=True,
-            output_sequence_lengths=True,
-            **sampling,
-        )
-        if isinstance(outputs, list) and not outputs:  # a rank that does not enqueue requests (tp_size > 1)
-            return None
-        if streaming:
-            return (engine_outputs(out, ids, max_new_tokens, pad_id, return_dict) for out in outputs)
-        return engine_outputs(outputs, ids, max_new_tokens, pad_id, return_dict)
+        self.turn.begin(streaming)  # threads wait their turn; refused while a stream is open
+        stream = None
+        try:
+            outputs = self.session.generate(
+                ids,
+                prompt_table=tables,
+                prompt_tasks=tasks,
+                max_new_tokens=max_new_tokens,
+                end_id=end_id,
+                pad_id=pad_id,
+                streaming=streaming,
+                return_dict=True,
+                output_sequence_lengths=True,
+                **sampling,
+            )
+            if isinstance(outputs, list) and not outputs:  # a rank that does not enqueue requests (tp_size > 1)
+                return None
+            if streaming:
+                stream = GenerationStream(
+                    iter(outputs), lambda out: engine_outputs(out, ids, max_new_tokens, pad_id, return_dict), self.turn
+                )
+                return stream
+            return engine_outputs(outputs, ids, max_new_tokens, pad_id, return_dict)
+        finally:
+            if stream is None:  # else the stream frees the runner when it ends
+                self.turn.end()
 
 
 def empty_prompt_table(prompt_table, task_vocab_size) -> bool:
