@@ -4,13 +4,12 @@ import json
 import os
 import pickle
 import shutil
-import tempfile
 from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .files import CheckpointError, read_json
+from .files import CheckpointError, put_in_place, read_json, sibling_name
 from .modeling import QWenLMHeadModel, QWenVLConfig, check_visual
 from .prompt_table import first_non_finite, to_torch_dtype
 from .vision import VisionTransformer
@@ -274,7 +273,8 @@ def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB", 
     output_dir = Path(output_dir)
     check_checkpoint_target(output_dir, overwrite)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".tmp", dir=output_dir.parent))
+    staging = sibling_name(output_dir)
+    os.mkdir(staging)  # with the umask's permissions
     try:
         model.save_pretrained(staging, max_shard_size=max_shard_size)
         (staging / "generation_config.json").write_text(
@@ -293,24 +293,10 @@ def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB", 
             )
             + "\n"
         )
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700
-        if output_dir.is_dir():
-            replaced = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".replaced", dir=output_dir.parent))
-            output_dir.rename(replaced / "old")
-            staging.rename(output_dir)
-            shutil.rmtree(replaced)
-        else:
-            staging.rename(output_dir)
+        put_in_place(staging, output_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when the checkpoint is in place
     return output_dir
-
-
-def _umask() -> int:
-    """The process's umask (read by setting it and setting it back)."""
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
 
 
 def make_tiny_checkpoint(output_dir, seed: int = 0, with_vocab: bool = True) -> Path:

@@ -2,6 +2,10 @@
 
 import json
 import math
+import os
+import secrets
+import shutil
+import stat
 from pathlib import Path
 
 
@@ -57,3 +61,24 @@ def field(config: dict, key: str, kind: str, where, fix: str):
         }[kind]
         raise CheckpointError(f"{where}: {key!r} must be {wanted}, found {value!r} ({type(value).__name__}); {fix}")
     return value
+
+
+def sibling_name(target: Path) -> Path:
+    """A new name beside `target` for a temporary folder that will replace it (`.NAME.<random>.tmp`)."""
+    return target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+
+
+def put_in_place(staging: Path, target: Path) -> None:
+    """Give the files of the finished folder `staging` its permissions (the umask's, as mkdir applied them), then put it
+    in `target`'s place by renames: an earlier `target` is moved aside first and removed after."""
+    files_mode = stat.S_IMODE(staging.stat().st_mode) & 0o666
+    for path in staging.rglob("*"):
+        if path.is_file():  # safetensors writes its files 0600 whatever the umask
+            path.chmod(files_mode)
+    if target.exists():
+        replaced = sibling_name(target)
+        os.replace(target, replaced)
+        os.replace(staging, target)
+        shutil.rmtree(replaced, ignore_errors=True)  # else removed with the next writer's leftovers
+    else:
+        os.replace(staging, target)

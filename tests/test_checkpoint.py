@@ -456,3 +456,26 @@ def test_hugging_face_cache_snapshot_links_into_its_blobs(small_checkpoint, tmp_
         (snapshot / path.name).symlink_to(Path("../..") / "blobs" / blob.name)
     loaded = load_checkpoint(snapshot).state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in small_checkpoint[1].items())
+
+
+def test_save_checkpoint_replaces_only_a_checkpoint_in_one_step(tmp_path, tiny_checkpoint):
+    import os
+    import stat
+
+    from qwenvl_lab.checkpoint import load_checkpoint, save_checkpoint
+
+    model = load_checkpoint(tiny_checkpoint)
+    out = tmp_path / "out"
+    previous = os.umask(0o027)
+    try:
+        save_checkpoint(model, out, max_shard_size="60MB")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750  # the umask's, not mkdtemp's 0700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o640}
+    with pytest.raises(FileExistsError, match="is not empty"):
+        save_checkpoint(model, out)
+    (out / "config.json").write_text("{}")  # an earlier checkpoint, replaced whole
+    save_checkpoint(model, out, max_shard_size="60MB", overwrite=True)
+    assert load_checkpoint(out).config.hidden_size == model.config.hidden_size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it

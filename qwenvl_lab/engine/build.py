@@ -13,9 +13,7 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields
 from importlib import metadata
@@ -27,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..checkpoint import check_state_dict, load_config, load_visual_tower, vision_tower_from
-from ..files import CheckpointError, field, read_json
+from ..files import CheckpointError, field, put_in_place, read_json, sibling_name
 from ..limits import BuildConfig, check_model_limits
 from ..tokenizing import VOCAB_FILE_NAME
 from ..unified_checkpoint import convert_to_trtllm_checkpoint, read_trtllm_config, trtllm_config
@@ -244,12 +242,6 @@ def _remove_leftovers(target: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _sibling(target: Path) -> Path:
-    """A new name beside `target` for a build's temporary directory (free: made under the lock, after the leftovers of
-    killed builds were removed)."""
-    return target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-
-
 def _write_error(err: Exception, folder: Path):
     """A one-line OSError for a full disk or a folder one cannot write in, or None for any other error."""
     code = getattr(err, "errno", None)
@@ -284,7 +276,7 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
         with FileLock(lock, timeout=0):
             _check_target(checkpoint_dir, engine_dir, target, overwrite)  # as it is now that no other build runs
             _remove_leftovers(target)
-            staging = _sibling(target)
+            staging = sibling_name(target)
             os.mkdir(staging)  # with the umask's permissions, like every file written into it
             _build_into(staging, checkpoint_dir, target, hf_config, pretrained, build_config)
     except Timeout:
@@ -320,17 +312,7 @@ def _build_into(staging: Path, checkpoint_dir: Path, target: Path, hf_config, pr
         config = {"version": ENGINE_VERSION, "build_config": asdict(build_config), "pretrained_config": pretrained}
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_manifest(staging, build_config)
-        files_mode = stat.S_IMODE(staging.stat().st_mode) & 0o666  # the umask's, as mkdir applied it to staging
-        for path in staging.rglob("*"):
-            if path.is_file():  # safetensors writes its files 0600 whatever the umask
-                path.chmod(files_mode)
-        if target.exists():  # empty, or an earlier engine (overwrite=True): moved aside, then removed
-            replaced = _sibling(target)
-            os.replace(target, replaced)
-            os.replace(staging, target)
-            shutil.rmtree(replaced, ignore_errors=True)  # else removed by the next build, with the leftovers
-        else:
-            os.replace(staging, target)
+        put_in_place(staging, target)  # an earlier engine there (empty, or overwrite=True) moved aside, then removed
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when the build completed
 
