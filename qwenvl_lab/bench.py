@@ -39,7 +39,7 @@ import transformers
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
 from .engine.cuda_graphs import KV_BUCKET
-from .engine.decode import BACKENDS
+from .engine.decode import BACKENDS, FAST_PATH
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
 from .prompt_table import to_torch_dtype
 from .resources import images_dir
@@ -74,10 +74,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
     parser.add_argument(
-        "--decode-backend",
-        choices=("auto", *BACKENDS),
-        default="auto",
-        help="the engine's decode back end (default auto: Triton kernels on CUDA, numba on a CPU)",
+        "--backend",
+        choices=BACKENDS,
+        help="the engine's decode back end (default: the device's fast path, "
+        + ", ".join(f"{name} on {device}" for device, name in FAST_PATH.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        help="replay the engine's decode steps as CUDA graphs (default: on with --device cuda)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -108,6 +114,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model == "qwen-vl-chat" and args.checkpoint is None and device.type != "cuda":
         parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
     args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
+    args.backend = args.backend or FAST_PATH.get(device.type, "torch")  # the benchmark measures the fast path
+    args.cuda_graphs = device.type == "cuda" if args.cuda_graphs is None else args.cuda_graphs
     return args
 
 
@@ -231,9 +239,9 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
 
 def products_alone(runner, runs: int, length: int) -> float:
     """Seconds of one decode step's matrix products alone at batch 1 (every layer's four and `lm_head`, nothing
-    between them), timed like the engine's steps (the fastest run's mean): the ceiling of the engine's design. On CUDA
-    the engine's Triton kernels in one graph; on a CPU PyTorch's products (numba's kernel runs the layers' products as
-    loops of its own, not timed apart)."""
+    between them), timed like the engine's steps (the fastest run's mean): the ceiling of the engine's design. With
+    the "triton" back end its kernels, else PyTorch's products (numba's kernel runs the layers' products as loops of
+    its own, not timed apart); on CUDA in one graph."""
     engine = runner.engine
     layer0, device = engine.layers[0], engine.device
 
@@ -241,7 +249,7 @@ def products_alone(runner, runs: int, length: int) -> float:
         return torch.randn(1, width, dtype=engine.dtype, device=device)
 
     x, attn, mlp = rows(layer0.qkv_t.shape[0]), rows(layer0.dense_t.shape[0]), rows(layer0.proj_t.shape[0])
-    if runner.decode_backend == "triton":
+    if runner.backend == "triton":
         from .engine.decode.triton_linear import fused_linear as linear  # triton is optional
 
         residual = torch.zeros(1, x.shape[1], device=device)
@@ -495,7 +503,12 @@ def first_answer(args: argparse.Namespace) -> dict:
         synchronize(device)
         start = time.perf_counter()
         runner = ModelRunner.from_model(
-            model, engine_limits(requests, args), device, args.decode_backend, tuning_file=args.first_answer_child
+            model,
+            engine_limits(requests, args),
+            device,
+            args.backend,
+            args.cuda_graphs,
+            tuning_file=args.first_answer_child,
         )
         runner.warm_up(progress=False)
         synchronize(device)
@@ -575,7 +588,7 @@ def measure_all(
                         ),
                     }
                 )
-    runner_options = dict(device=device, decode_backend=args.decode_backend)
+    runner_options = dict(device=device, backend=args.backend, cuda_graphs=args.cuda_graphs)
     if checkpoint is not None:
         engine_dir = build_engine(checkpoint, workdir / "engine", build_config)
         del model
@@ -639,8 +652,8 @@ def measure_all(
             "new_tokens": args.new_tokens,
             "repeats": args.repeats,
             "build_config": asdict(build_config),
-            "decode_backend": runner.decode_backend,
-            "cuda_graphs": device.type == "cuda",
+            "backend": runner.backend,
+            "cuda_graphs": runner.cuda_graphs,
             "vision_timed": False,
         },
         "results": results,
@@ -659,7 +672,7 @@ def format_table(report: dict) -> str:
         f"({report['model']['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step)",
         f"one decode step's matrix products alone (batch 1, nothing between them): "
         f"{report['products_alone']['ms']:.2f} ms = {report['products_alone']['pct_of_limit']:.1f} % of the limit",
-        f"engine: decode back end {report['settings']['decode_backend']!r}, CUDA graphs "
+        f"engine: decode back end {report['settings']['backend']!r}, CUDA graphs "
         f"{'on' if report['settings']['cuda_graphs'] else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
         f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
         f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "

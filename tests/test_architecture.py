@@ -104,4 +104,6 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):
     """imports_of reads what a module really imports (a broken checker would let every test above pass)."""
     assert "chat" in MODULES["engine.infer"] and "engine.build" in MODULES["engine.infer"]
     assert "unified_checkpoint" in MODULES["trtllm.pipeline"]  # imported inside a function
-    assert "engine.decode.torch_ops" in MODULES["engine.decode.numba_step"]
+    assert (
+        "engine.layers" in MODULES["engine.decode.numba_step"] and "engine.decode" in MODULES["engine.decode.torch_ops"]
+    )

@@ -1,4 +1,4 @@
-"""The engine on an NVIDIA GPU: every decode back end in CUDA graphs gives the CPU engine's tokens; fp16 stays close."""
+"""The engine on an NVIDIA GPU: each decode back end in CUDA graphs gives the CPU engine's tokens; fp16 stays close."""
 
 import json
 
@@ -8,6 +8,7 @@ import torch
 from qwenvl_lab import bench
 from qwenvl_lab.checkpoint import load_checkpoint, make_tiny_checkpoint
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine
+from qwenvl_lab.engine.cuda_graphs import DecodeGraphs, kv_bucket
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,13 +37,12 @@ def engine_dir(checkpoint, tmp_path_factory):
     return build_engine(checkpoint, tmp_path_factory.mktemp("engine"), config)
 
 
-@pytest.mark.parametrize("backend", ["triton", "compiled", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_cuda_graphs_give_the_cpu_engines_tokens(engine_dir, backend):
     """fp32 on both devices: each back end, captured in CUDA graphs, picks the CPU engine's greedy tokens and beams."""
     cpu = ModelRunner.from_dir(engine_dir)
-    gpu = ModelRunner.from_dir(engine_dir, device="cuda", decode_backend=backend)
-    assert gpu.decoder.capture
-    assert ModelRunner.from_dir(engine_dir, device="cuda").decode_backend == "triton"  # auto, 12 rows
+    gpu = ModelRunner.from_dir(engine_dir, device="cuda", backend=backend, cuda_graphs=True)
+    assert isinstance(gpu.decoder, DecodeGraphs)
     for kwargs in ({}, {"num_beams": 3}, {}):
         expected = cpu.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0, **kwargs)
         assert torch.equal(gpu.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0, **kwargs).cpu(), expected)
@@ -52,17 +52,30 @@ def test_cuda_graphs_give_the_cpu_engines_tokens(engine_dir, backend):
     assert gpu.decoder.graphs.keys() == captured.keys()  # replayed, not captured again
 
 
+def test_triton_takes_more_rows_than_one_tile(checkpoint, tmp_path):
+    """6 requests × 3 beams = 18 cache rows, two of the kernels' row tiles: the CPU engine's tokens and beams."""
+    config = BuildConfig(max_batch_size=6, max_input_len=128, max_seq_len=192, max_beam_width=3)
+    engine_dir = build_engine(checkpoint, tmp_path / "engine", config)
+    cpu = ModelRunner.from_dir(engine_dir)
+    gpu = ModelRunner.from_dir(engine_dir, device="cuda", backend="triton", cuda_graphs=True)
+    prompts = PROMPTS + [p[1:] for p in PROMPTS]
+    for kwargs in ({}, {"num_beams": 3}):
+        expected = cpu.generate(prompts, max_new_tokens=6, end_id=-1, pad_id=0, **kwargs)
+        assert torch.equal(gpu.generate(prompts, max_new_tokens=6, end_id=-1, pad_id=0, **kwargs).cpu(), expected)
+
+
 def test_fp16_engine_logits_close_to_eager_fp16(checkpoint, tmp_path):
     engine_dir = build_engine(
         checkpoint, tmp_path / "fp16", BuildConfig(max_input_len=128, max_seq_len=192, dtype="float16")
     )
-    runner = ModelRunner.from_dir(engine_dir, device="cuda")
+    runner = ModelRunner.from_dir(engine_dir, device="cuda", backend="triton", cuda_graphs=True)
     model = load_checkpoint(checkpoint, dtype=torch.float16, device="cuda")
     ids = PROMPTS[2].cuda()
     with torch.inference_mode():
         eager = model(ids[None]).logits[0, -1]
         engine = runner.engine.prefill(runner.engine.embed(ids), [len(ids)], [range(0, 1)])[0]
-        step = runner.decoder(eager.argmax()[None], torch.tensor([len(ids)], device="cuda"), len(ids) + 1)[0]
+        pos, kv_len = torch.tensor([len(ids)], device="cuda"), kv_bucket(len(ids) + 1, runner.max_seq_len)
+        step = runner.decoder(eager.argmax()[None], pos, kv_len)[0]
         eager_step = model(torch.cat([ids, eager.argmax()[None]])[None]).logits[0, -1]
     assert torch.allclose(engine, eager, atol=2e-2) and torch.allclose(step, eager_step, atol=2e-2)
 
@@ -86,23 +99,24 @@ def test_bench_on_cuda(tmp_path):
             tmp_path / "b.json",
         ]
     )
-    assert report["settings"]["cuda_graphs"] and report["settings"]["decode_backend"] == "triton"
+    assert report["settings"]["cuda_graphs"] and report["settings"]["backend"] == "triton"  # the GPU's fast path
     assert report["hardware"]["gpu"] and all(r["decode_tokens_per_s"] > 0 for r in report["results"])
 
 
 def test_warm_up_saves_the_tuned_choices_and_a_second_load_reuses_them(engine_dir, tmp_path, monkeypatch):
-    """from_dir warms up on CUDA (autotuning, a CUDA graph); the choices land in tuning.json and a second runner
-    starts with them, so the autotuner times nothing again."""
+    """from_dir warms the Triton back end up (autotuning, a CUDA graph); the choices land in tuning.json and a second
+    runner starts with them, so the autotuner times nothing again."""
     from qwenvl_lab.engine.decode import triton_linear
 
     monkeypatch.setattr(triton_linear._tuned, "cache", {})
-    first = ModelRunner.from_dir(engine_dir, device="cuda")
+    first = ModelRunner.from_dir(engine_dir, device="cuda", backend="triton", cuda_graphs=True)
     tuned = json.loads((engine_dir / "tuning.json").read_text())
-    assert list(tuned) == [first.decode_step.tuning_key()] and len(tuned[first.decode_step.tuning_key()]) >= 4
+    key = first.decode_step.tuning_key
+    assert list(tuned) == [key] and len(tuned[key]) >= 4 and torch.cuda.get_device_name() in key
     assert first.decoder.graphs  # the first CUDA graph was captured in the warm-up
     monkeypatch.setattr(triton_linear._tuned, "cache", {})
-    second = ModelRunner.from_dir(engine_dir, device="cuda", warm_up=False)
-    assert triton_linear.tuned_choices() == tuned[first.decode_step.tuning_key()]  # loaded, nothing timed
+    second = ModelRunner.from_dir(engine_dir, device="cuda", backend="triton", cuda_graphs=True, warm_up=False)
+    assert triton_linear.tuned_choices() == tuned[key]  # loaded, nothing timed
     assert torch.equal(
         second.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
         first.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),

@@ -5,15 +5,18 @@ import importlib.util
 import pytest
 import torch
 
-from qwenvl_lab.checkpoint import load_checkpoint
+from qwenvl_lab.checkpoint import TINY_CONFIG, load_checkpoint
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
-from qwenvl_lab.engine.cuda_graphs import DecodeGraphs
-from qwenvl_lab.engine.decode import BACKENDS, choose_backend
+from qwenvl_lab.engine.decode import BACKENDS, decode_backend
+from qwenvl_lab.engine.forward import LanguageModelEngine
 from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
+from qwenvl_lab.layout import to_trtllm_names
+from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 from qwenvl_lab.prompt_table import single_table_batch
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, make_context
 from qwenvl_lab.toy import TOY_DIR
+from qwenvl_lab.unified_checkpoint import trtllm_config
 
 NEW_TOKENS = 6
 QUESTIONS = [
@@ -52,21 +55,28 @@ def case(request, tiny_model, tiny_engine, tmp_path_factory):
     return model, engine_dir, load_engine_vision_tower(engine_dir)
 
 
-def backends_here(rows: int) -> list[str]:
-    """The decode back ends this machine runs for an engine of `rows` cache rows ("compiled" has a test of its own)."""
+def runnable_here() -> list[str]:
+    """The decode back ends this machine's CPU runs for a float32 engine (Triton: through its interpreter)."""
     here = []
     for name in BACKENDS:
         try:
-            here.append(choose_backend(name, "cpu", torch.float32, rows))
+            decode_backend(name, "cpu", torch.float32)
+            here.append(name)
         except ValueError:
             pass
-    return [name for name in here if name != "compiled"]
+    return here
 
 
-@pytest.fixture(scope="module", params=backends_here(8 * 3))
+def backends_here() -> list[str]:
+    """runnable_here but Triton, whose interpreter is too slow for a 151936-id vocabulary (tests/test_engine_triton.py
+    checks it on a small one, and on a GPU)."""
+    return [name for name in runnable_here() if name != "triton"]
+
+
+@pytest.fixture(scope="module", params=backends_here())
 def runner(request, case):
     """The case's engine with each decode back end this machine runs."""
-    return ModelRunner.from_dir(case[1], decode_backend=request.param)
+    return ModelRunner.from_dir(case[1], backend=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -203,32 +213,83 @@ def _strip(tokens, end_id):
     return tokens[: tokens.index(end_id) + 1] if end_id in tokens else tokens
 
 
-def test_cuda_graph_protocol_on_cpu_gives_the_same_tokens(tiny_engine, requests):
-    """Static buffers, KV buckets (stale cache entries masked) and beam reordering: same as the plain decode step."""
-    plain, graphed = (ModelRunner.from_dir(tiny_engine, decode_backend="torch") for _ in range(2))
-    graphed.decoder = DecodeGraphs(graphed.decode_step, 24, graphed.max_seq_len, "cpu")  # CUDA's protocol, no capture
-    batch = [requests[i][0] for i in (0, 3, 7)]  # text only
-    for kwargs in ({}, {"num_beams": 3}, {}):  # the last run reads a cache full of the beams' entries
-        a = plain.generate(batch, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0, **kwargs)
-        b = graphed.generate(batch, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0, **kwargs)
-        assert torch.equal(a, b)
-    shapes = set(graphed.decoder.graphs)  # (rows, KV bucket) served, as CUDA would capture them
-    assert {rows for rows, _ in shapes} == {3, 9} and all(bucket % 64 == 0 for _, bucket in shapes)
+@pytest.mark.parametrize("backend", backends_here())
+def test_stale_cache_entries_inside_a_kv_bucket_change_nothing(tiny_engine, tokenizer, backend):
+    """Every decode step attends to a whole KV bucket (64 keys), so past each row's position it reads noise or another
+    prompt's entries, which the position masks: the tokens of a fresh engine, greedy and with beams."""
+    fresh, used = (ModelRunner.from_dir(tiny_engine, backend=backend, warm_up=False) for _ in range(2))
+    batch = [torch.tensor(tokenizer.encode(q)) for q in QUESTIONS[:3]]
+    for options in ({}, {"num_beams": 3}):
+        expected = fresh.generate(batch, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0, **options)
+        used.engine.kv_cache.normal_()
+        assert torch.equal(used.generate(batch, max_new_tokens=NEW_TOKENS, end_id=-1, pad_id=0, **options), expected)
 
 
-@pytest.mark.slow
-def test_compiled_decode_layers_give_the_same_tokens(tiny_engine):
-    """torch.compile of the decode layers traces in one graph and keeps the tokens (CPU)."""
-    prompts = [torch.tensor([151644, 8948, 198]), torch.arange(100, 117)]
-    plain = ModelRunner.from_dir(tiny_engine, decode_backend="torch").generate(
-        prompts, max_new_tokens=4, end_id=-1, pad_id=0
+def engine_tensors(engine) -> dict:
+    """Every tensor the engine holds but its KV cache, by where it is held: the engine, its stacks, its layers."""
+    held = {name: t for name, t in vars(engine).items() if isinstance(t, torch.Tensor) and name != "kv_cache"}
+    held |= {f"stacks.{name}": t for name, t in engine.stacks.items()}
+    return held | {f"layers.{i}.{name}": t for i, layer in enumerate(engine.layers) for name, t in vars(layer).items()}
+
+
+@pytest.mark.parametrize("backend", runnable_here())
+def test_no_back_end_rewrites_the_engines_tensors(backend):
+    """A back end reads the engine's weights as the engine laid them out and writes only the KV cache."""
+    torch.manual_seed(0)
+    model = QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})).eval()  # small for the interpreter
+    config = BuildConfig(max_batch_size=2, max_input_len=32, max_seq_len=64)
+    step_class = decode_backend(backend, "cpu", torch.float32)
+    engine = LanguageModelEngine(
+        config, trtllm_config(model.config, "float32"), to_trtllm_names(model.state_dict()), "cpu", step_class.layout
     )
-    compiled = ModelRunner.from_dir(tiny_engine, decode_backend="compiled")
-    assert torch.equal(compiled.generate(prompts, max_new_tokens=4, end_id=-1, pad_id=0), plain)
+    before = {name: (t, t.clone()) for name, t in engine_tensors(engine).items()}
+    step = step_class(engine)
+    with torch.inference_mode():
+        step(torch.tensor([5, 6]), torch.tensor([3, 9]), 64)
+    after = engine_tensors(engine)
+    assert after.keys() == before.keys()
+    for name, (tensor, values) in before.items():
+        assert after[name] is tensor and torch.equal(tensor, values), name
+    assert engine.kv_cache[:, :, :2, :, [3, 9]].any()  # the step did write its keys and values
 
 
-def test_auto_picks_numba_for_float32_on_a_cpu_that_has_it(tiny_engine):
-    expected = "numba" if importlib.util.find_spec("numba") else "torch"
-    assert ModelRunner.from_dir(tiny_engine).decode_backend == expected
-    with pytest.raises(ValueError, match=r'decode_backend must be "auto" or one of .*got .fast.'):
-        ModelRunner.from_dir(tiny_engine, decode_backend="fast")
+def _without(package):
+    """A find_spec that does not find `package`."""
+    find_spec = importlib.util.find_spec
+    return lambda name, *a: None if name == package else find_spec(name, *a)
+
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton installed")
+
+
+@pytest.mark.parametrize(
+    "name, device, dtype, cuda_graphs, setup, message",
+    [
+        ("fast", "cpu", torch.float32, False, None, r"backend must be one of \('torch', 'numba', 'triton'\), got 'fast'"),
+        ("torch", "cpu", torch.float32, True, None, r"CUDA graphs need device='cuda', not 'cpu': leave cuda_graphs=False"),
+        ("numba", "cpu", torch.bfloat16, False, None, r'float32 engines on a CPU, not torch.bfloat16 on cpu.*backend="torch"$'),
+        ("numba", "cuda", torch.float16, True, None, r'not torch.float16 on cuda.*on an NVIDIA GPU, backend="triton"'),
+        ("numba", "cpu", torch.float32, False, "numba", r'backend="numba" needs numba \(pip install numba\); choose backend="torch"'),
+        ("triton", "cpu", torch.float32, False, "triton", r'backend="triton" needs triton .*choose backend="torch"'),
+        pytest.param(
+            "triton", "cpu", torch.float32, False, "no interpreter",
+            r'run on an NVIDIA GPU, not on cpu.*TRITON_INTERPRET=1.*Choose backend="numba" or "torch"',
+            marks=needs_triton,
+        ),
+    ],
+)  # fmt: skip
+def test_a_back_end_that_cannot_run_here_is_refused_with_what_to_choose(
+    monkeypatch, name, device, dtype, cuda_graphs, setup, message
+):
+    if setup == "no interpreter":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    elif setup is not None:
+        monkeypatch.setattr(importlib.util, "find_spec", _without(setup))
+    with pytest.raises(ValueError, match=message):
+        decode_backend(name, device, dtype, cuda_graphs)
+
+
+def test_the_runner_refuses_before_it_builds_the_engine(tiny_engine, monkeypatch):
+    monkeypatch.setattr(LanguageModelEngine, "__init__", lambda *a: pytest.fail("the engine was built"))
+    with pytest.raises(ValueError, match="CUDA graphs need device='cuda'"):
+        ModelRunner.from_dir(tiny_engine, cuda_graphs=True)

@@ -7,38 +7,33 @@ WARMUP_STEPS = 2  # eager runs before a capture: compile, cuBLAS workspaces, all
 
 
 def kv_bucket(kv_len: int, max_seq_len: int) -> int:
-    """The KV length a graph is captured for: kv_len rounded up to KV_BUCKET, at most max_seq_len."""
+    """The KV length a decode step attends to: kv_len rounded up to KV_BUCKET, at most max_seq_len (keys after a
+    row's position are masked by the position, so every back end gives the same logits with or without graphs)."""
     return min(max_seq_len, -(-kv_len // KV_BUCKET) * KV_BUCKET)
 
 
 class DecodeGraphs:
-    """Calls `step(ids, pos, kv_len)` through static input buffers; on CUDA the call is a graph replay.
+    """Calls `step(ids, pos, kv_len)` as a CUDA-graph replay, through static input buffers.
 
     The step must read its inputs only from the tensors it is given (positions and masks included) and may
-    write the KV cache in place: replaying the graph redoes exactly that. On a CPU the same buffers and
-    buckets are used without capture, so the protocol is tested anywhere.
+    write the KV cache in place: replaying the graph redoes exactly that. kv_len is a bucket (kv_bucket).
     """
 
-    def __init__(self, step, max_rows: int, max_seq_len: int, device):
-        self.step, self.max_seq_len, self.device = step, max_seq_len, torch.device(device)
+    def __init__(self, step, max_rows: int, device):
+        self.step, self.device = step, torch.device(device)
         self.ids = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # [rows] static input
         self.pos = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # [rows] static input
-        self.capture = self.device.type == "cuda"
-        self.graphs = {}  # (rows, bucket) -> (CUDAGraph, static logits [rows, V]); None where not captured (CPU)
+        self.graphs = {}  # (rows, bucket) -> (CUDAGraph, static logits [rows, V])
         self.pool = None  # one memory pool shared by every graph (they never run at once)
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """Logits [n, V] of one decode step (on CUDA a static buffer: read it before the next call)."""
+        """Logits [n, V] of one decode step, a static buffer: read it before the next call."""
         n = ids.shape[0]
-        bucket = kv_bucket(kv_len, self.max_seq_len)
         self.ids[:n].copy_(ids)
         self.pos[:n].copy_(pos)
-        if not self.capture:
-            self.graphs.setdefault((n, bucket), None)
-            return self.step(self.ids[:n], self.pos[:n], bucket)
-        if (n, bucket) not in self.graphs:
-            self.graphs[n, bucket] = self._record(n, bucket)
-        graph, logits = self.graphs[n, bucket]
+        if (n, kv_len) not in self.graphs:
+            self.graphs[n, kv_len] = self._record(n, kv_len)
+        graph, logits = self.graphs[n, kv_len]
         graph.replay()
         return logits
 

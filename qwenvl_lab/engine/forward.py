@@ -9,27 +9,31 @@ import torch.nn.functional as F
 from ..limits import BuildConfig
 from ..modeling import attention_bias, rms_norm, rope_cos_sin
 from .build import check_engine_weights
-from .layers import EngineLayer, attention_input, mlp_output, transposed, weight_bytes_per_token
+from .layers import EngineLayer, attention_input, empty_matrix, mlp_output, stack_layer_weights, weight_bytes_per_token
 
 
 class LanguageModelEngine:
-    """The LM on one device: weights in the engine dtype, RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
+    """The LM on one device: weights in the engine dtype, the layers' stacked [layers, …] with their matrices in
+    `layout` (the decode back end's: engine.layers.LAYOUTS), RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
 
-    def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device):
+    def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device, layout: str):
         check_engine_weights(weights, pretrained_config)
         self.dtype, self.device = build_config.torch_dtype, torch.device(device)
-        w = {name: t.to(device=self.device, dtype=self.dtype) for name, t in weights.items()}
-        self.weight_bytes_per_token = weight_bytes_per_token(w)
+        self.weight_bytes_per_token = weight_bytes_per_token(
+            {name: torch.empty(t.shape, dtype=self.dtype, device="meta") for name, t in weights.items()}
+        )
         self.eps = pretrained_config["norm_epsilon"]
         self.heads, self.head_dim = pretrained_config["num_attention_heads"], pretrained_config["head_size"]
         self.vocab_size = pretrained_config["vocab_size"]
-        self.vocab_embedding = w["transformer.vocab_embedding.weight"]  # [V, H]: rows are looked up
-        self.lm_head_t = transposed(w["lm_head.weight"])  # [H, V]
-        self.ln_f = w["transformer.ln_f.weight"]
-        self.layers = [
-            EngineLayer(w, f"transformer.layers.{i}.") for i in range(pretrained_config["num_hidden_layers"])
-        ]
-        del w  # only the engine's layout of each weight is kept
+        embedding = weights["transformer.vocab_embedding.weight"]
+        self.vocab_embedding = embedding.to(device=self.device, dtype=self.dtype)  # [V, H]: rows are looked up
+        lm_head = weights["lm_head.weight"]  # [V, H]
+        self.lm_head_t = empty_matrix(lm_head.shape[1], lm_head.shape[0], layout, self.dtype, self.device)
+        self.lm_head_t.copy_(lm_head.t())  # [H, V]
+        self.ln_f = weights["transformer.ln_f.weight"].to(device=self.device, dtype=self.dtype)
+        layers = pretrained_config["num_hidden_layers"]
+        self.stacks = stack_layer_weights(weights, layers, layout, self.dtype, self.device)  # [layers, …] each
+        self.layers = [EngineLayer(self.stacks, i) for i in range(layers)]
         self.max_seq_len = build_config.max_seq_len
         self.rows = build_config.max_batch_size * build_config.max_beam_width
         self.kv_cache = torch.zeros(

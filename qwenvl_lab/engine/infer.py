@@ -65,10 +65,13 @@ class QWenInfer:
         self.tokenizer = load_tokenizer(runner.engine_dir) if tokenizer is None else tokenizer
 
     @classmethod
-    def from_dir(cls, engine_dir, device="cpu", decode_backend: str = "auto", verify: str = "full") -> "QWenInfer":
-        """The engine directory's runner, vision part and tokenizer (its qwen.tiktoken, else the package's), every file
-        checked once against the manifest (`verify` as in ModelRunner.from_dir)."""
-        runner = ModelRunner.from_dir(engine_dir, device=device, decode_backend=decode_backend, verify=verify)
+    def from_dir(
+        cls, engine_dir, device="cpu", backend: str = "torch", cuda_graphs: bool = False, verify: str = "full"
+    ) -> "QWenInfer":
+        """The engine directory's runner (decode `backend` and `cuda_graphs` as in ModelRunner), vision part and
+        tokenizer (its qwen.tiktoken, else the package's), every file checked once against the manifest (`verify` as
+        in ModelRunner.from_dir)."""
+        runner = ModelRunner.from_dir(engine_dir, device, backend, cuda_graphs, verify=verify)
         return cls(runner, verify="none")  # its vision files were just checked with the rest
 
     def qwen_infer(

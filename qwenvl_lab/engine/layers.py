@@ -1,7 +1,7 @@
-"""Engine, layers — the decoder layer's weights as the engine reads them, and its two halves as PyTorch ops.
+"""Engine, layers — the decoder layers' weights as the engine keeps them, and a layer's two halves as PyTorch ops.
 
-The prefill and the "torch" and "compiled" decode back ends run these functions; the Triton and numba back ends run
-the same arithmetic as kernels and are tested against them. Norm and RoPE are the model's own (`modeling`).
+The prefill and the "torch" decode back end run these functions; the numba and Triton back ends run the same
+arithmetic as kernels and are tested against them. Norm and RoPE are the model's own (`modeling`).
 """
 
 import torch
@@ -9,28 +9,59 @@ import torch.nn.functional as F
 
 from ..modeling import apply_rope, rms_norm
 
+# how a weight matrix [out, in] is kept; either way the engine multiplies it as `x @ w_t`, w_t [in, out]:
+# "[in, out]" a contiguous transposed copy (what MKL's and cuBLAS's products stream fastest for one row),
+# "[out, in]" the checkpoint's own rows, w_t a transposed view (what the Triton kernels stream)
+LAYOUTS = ("[in, out]", "[out, in]")
+# each weight the layers hold, stacked [layers, …]: the TensorRT-LLM names it holds side by side (gate then fc)
+LAYER_WEIGHTS = {
+    "ln_1": ("input_layernorm.weight",),
+    "qkv_t": ("attention.qkv.weight",),  # [H, 3·heads·hd]
+    "qkv_b": ("attention.qkv.bias",),
+    "dense_t": ("attention.dense.weight",),  # [heads·hd, H]
+    "ln_2": ("post_layernorm.weight",),
+    "gate_fc_t": ("mlp.gate.weight", "mlp.fc.weight"),  # [H, 2·ffn]
+    "proj_t": ("mlp.proj.weight",),  # [ffn, H]
+}
 
-def transposed(weight: torch.Tensor) -> torch.Tensor:
-    """A weight [out, in] as the engine multiplies it, `x @ w_t` with w_t [in, out].
 
-    On a CPU a contiguous copy: MKL's matrix-vector product streams a row-major [in, out] matrix faster than
-    [out, in] with short rows. On CUDA the transposed view, which is what F.linear hands to cuBLAS.
-    """
-    return weight.t() if weight.device.type == "cuda" else weight.t().contiguous()
+def empty_matrix(n_in: int, n_out: int, layout: str, dtype, device, layers=()) -> torch.Tensor:
+    """An uninitialised weight matrix [*layers, in, out] as the engine multiplies it, kept in `layout`."""
+    if layout == "[in, out]":
+        return torch.empty(*layers, n_in, n_out, dtype=dtype, device=device)
+    return torch.empty(*layers, n_out, n_in, dtype=dtype, device=device).transpose(-1, -2)
+
+
+def stack_layer_weights(weights: dict, layers: int, layout: str, dtype, device) -> dict[str, torch.Tensor]:
+    """The layers' weights (TensorRT-LLM names) as LAYER_WEIGHTS' tensors [layers, …] in `dtype` on `device`, the
+    matrices kept in `layout`; filled one weight at a time, so nothing is held twice on the device."""
+    stacks = {}
+    for name, parts in LAYER_WEIGHTS.items():
+        first = [weights[f"transformer.layers.0.{part}"] for part in parts]
+        if first[0].dim() == 1:
+            stacks[name] = torch.empty(layers, first[0].shape[0], dtype=dtype, device=device)
+        else:
+            n_out = sum(w.shape[0] for w in first)
+            stacks[name] = empty_matrix(first[0].shape[1], n_out, layout, dtype, device, (layers,))
+        for i in range(layers):
+            start = 0
+            for part in parts:
+                w = weights[f"transformer.layers.{i}.{part}"]
+                if w.dim() == 1:
+                    stacks[name][i].copy_(w)
+                else:
+                    stacks[name][i, :, start : start + w.shape[0]].copy_(w.t())
+                    start += w.shape[0]
+    return stacks
 
 
 class EngineLayer:
-    """One decoder layer's weights: transposed (see `transposed`), gate and fc fused into one product."""
+    """One decoder layer's weights: views of layer i of the engine's stacks (LAYER_WEIGHTS)."""
 
-    def __init__(self, weights: dict, prefix: str):
-        self.ln_1 = weights[prefix + "input_layernorm.weight"]
-        self.qkv_t = transposed(weights[prefix + "attention.qkv.weight"])  # [H, 3·heads·hd]
-        self.qkv_b = weights[prefix + "attention.qkv.bias"]
-        self.dense_t = transposed(weights[prefix + "attention.dense.weight"])  # [heads·hd, H]
-        self.ln_2 = weights[prefix + "post_layernorm.weight"]
-        gate_fc = torch.cat([weights[prefix + "mlp.gate.weight"], weights[prefix + "mlp.fc.weight"]])  # [2·ffn, H]
-        self.gate_fc_t = transposed(gate_fc)  # [H, 2·ffn]
-        self.proj_t = transposed(weights[prefix + "mlp.proj.weight"])  # [ffn, H]
+    def __init__(self, stacks: dict, i: int):
+        self.ln_1, self.qkv_t, self.qkv_b = stacks["ln_1"][i], stacks["qkv_t"][i], stacks["qkv_b"][i]
+        self.dense_t, self.ln_2 = stacks["dense_t"][i], stacks["ln_2"][i]
+        self.gate_fc_t, self.proj_t = stacks["gate_fc_t"][i], stacks["proj_t"][i]
 
 
 def attention_input(x, layer: EngineLayer, eps: float, cos, sin, heads: int):

@@ -1,8 +1,5 @@
 """Notebook 06 — the engine's runner: TensorRT-LLM's ModelRunner in PyTorch, each request checked, then generated."""
 
-import json
-import os
-import warnings
 from collections import deque
 from pathlib import Path
 
@@ -17,15 +14,16 @@ from ..tokenizing import IM_END_ID
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
 from .build import TUNING_FILE, load_engine_config, load_engine_weights
-from .cuda_graphs import DecodeGraphs
-from .decode import choose_backend, make_decode_step
+from .cuda_graphs import DecodeGraphs, kv_bucket
+from .decode import decode_backend
 from .forward import LanguageModelEngine
 from .sampling import penalize_repetition, sample_tokens
 
 
 class ModelRunner:
-    """An engine ready to generate: its limits, its weights on one device, a KV cache sized by the build, and one
-    decode back end (`engine.decode`: "auto", "torch", "compiled", "triton" or "numba")."""
+    """An engine ready to generate: its limits, its weights on one device, a KV cache sized by the build, and the
+    decode step named by `backend` ("torch", the reference; "numba" on a CPU or "triton" on a GPU: engine.decode),
+    replayed as CUDA graphs when `cuda_graphs` is on."""
 
     def __init__(
         self,
@@ -33,7 +31,8 @@ class ModelRunner:
         pretrained_config: dict,
         weights: dict,
         device="cpu",
-        decode_backend: str = "auto",
+        backend: str = "torch",
+        cuda_graphs: bool = False,
         engine_dir=None,
         tuning_file=None,
     ):
@@ -49,44 +48,52 @@ class ModelRunner:
         self.max_request_rows = self.max_prompt_embedding_table_size  # one request may fill the table (run.py's way)
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
+        step_class = decode_backend(backend, device, self.dtype, cuda_graphs)  # refused if it cannot run here
+        self.backend, self.cuda_graphs = backend, cuda_graphs
+        self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, step_class.layout)
+        self.decode_step = step_class(self.engine, tuning_file)  # step(ids [n], pos [n], kv_len) -> logits [n, V]
         rows = build_config.max_batch_size * build_config.max_beam_width
-        self.decode_backend = choose_backend(decode_backend, device, self.dtype, rows)
-        self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device)
-        self.decode_step = make_decode_step(self.decode_backend, self.engine)
-        # on CUDA every decode step is a CUDA-graph replay (one graph per batch size and KV-length bucket)
-        self.decoder = (
-            DecodeGraphs(self.decode_step, rows, build_config.max_seq_len, device)
-            if device.type == "cuda"
-            else self.decode_step
-        )
+        self.decoder = DecodeGraphs(self.decode_step, rows, device) if cuda_graphs else self.decode_step
         self.turn = OneGeneration()  # one generation at a time holds the KV cache
-        self.tuning_file = None if tuning_file is None else Path(tuning_file)
-        self._load_choices()
 
     @classmethod
     def from_dir(
-        cls, engine_dir, device="cpu", decode_backend: str = "auto", warm_up=None, verify: str = "full"
+        cls,
+        engine_dir,
+        device="cpu",
+        backend: str = "torch",
+        cuda_graphs: bool = False,
+        warm_up=None,
+        verify: str = "full",
     ) -> "ModelRunner":
         """Load an engine directory written by build_engine onto `device`, every file checked against its manifest
         (`verify`: "full" reads every byte, "quick" samples large files, "none" checks sizes; see verify_engine);
-        warm_up (default: on CUDA) does the decode step's first run now rather than in the first question."""
+        warm_up (default: with a fast back end or CUDA graphs) does the decode step's first run now rather than in
+        the first question."""
         build_config, pretrained = load_engine_config(engine_dir, verify)
         runner = cls(
             build_config,
             pretrained,
             load_engine_weights(engine_dir),
             device,
-            decode_backend,
-            engine_dir,
-            Path(engine_dir) / TUNING_FILE,
+            backend,
+            cuda_graphs,
+            engine_dir=engine_dir,
+            tuning_file=Path(engine_dir) / TUNING_FILE,
         )
-        if runner.device.type == "cuda" if warm_up is None else warm_up:
+        if backend != "torch" or cuda_graphs if warm_up is None else warm_up:  # the fast back ends compile or tune
             runner.warm_up()
         return runner
 
     @classmethod
     def from_model(
-        cls, model, build_config: BuildConfig, device=None, decode_backend: str = "auto", tuning_file=None
+        cls,
+        model,
+        build_config: BuildConfig,
+        device=None,
+        backend: str = "torch",
+        cuda_graphs: bool = False,
+        tuning_file=None,
     ) -> "ModelRunner":
         """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size)."""
         device = next(model.parameters()).device if device is None else device
@@ -96,7 +103,8 @@ class ModelRunner:
             pretrained,
             to_trtllm_names(model.state_dict()),
             device,
-            decode_backend,
+            backend,
+            cuda_graphs,
             tuning_file=tuning_file,
         )
 
@@ -107,12 +115,12 @@ class ModelRunner:
 
     def warm_up(self, progress: bool = True) -> None:
         """Do now what the first question would otherwise wait for: a prefill, and the decode step's first run for one
-        row — Triton's autotuning, numba's or torch.compile's compilation, the first CUDA graph. The Triton kernels'
-        tuned choices are saved beside the engine (tuning.json) and reused by the next process that loads it."""
+        row — Triton's autotuning, numba's compilation, the first CUDA graph. The Triton kernels' tuned choices are
+        saved beside the engine (tuning.json) and reused by the next process that loads it."""
         ids = torch.zeros(1, dtype=torch.long, device=self.device)
         stages = {
             "prefill": lambda: self.engine.prefill(self.engine.embed(ids), [1], [range(0, 1)]),
-            "decode step": lambda: self.decoder(ids, ids, 1),
+            "decode step": lambda: self.decoder(ids, ids, kv_bucket(1, self.max_seq_len)),
         }
         self.turn.begin()
         try:
@@ -121,43 +129,7 @@ class ModelRunner:
                     stages[name]()
         finally:
             self.turn.end()
-        self._save_choices()
-
-    def _tuning(self) -> dict:
-        """tuning.json's entries ({tuning key: choices}), {} when there is none or it cannot be read."""
-        try:
-            entries = json.loads(self.tuning_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        return entries if isinstance(entries, dict) else {}
-
-    def _load_choices(self) -> None:
-        """Hand the decode back end the choices tuned for this GPU earlier, if it tunes and they were saved."""
-        if self.tuning_file is None or self.device.type != "cuda" or not hasattr(self.decode_step, "use_choices"):
-            return
-        choices = self._tuning().get(self.decode_step.tuning_key())
-        if isinstance(choices, list):
-            self.decode_step.use_choices(choices)
-
-    def _save_choices(self) -> None:
-        """Write the back end's tuned choices for this GPU into tuning.json (a read-only engine is left as it is)."""
-        if self.tuning_file is None or self.device.type != "cuda" or not hasattr(self.decode_step, "choices"):
-            return
-        entries = self._tuning()
-        key, choices = self.decode_step.tuning_key(), self.decode_step.choices()
-        if entries.get(key) == choices:
-            return
-        entries[key] = choices
-        try:
-            staging = self.tuning_file.with_suffix(".json.tmp")
-            staging.write_text(json.dumps(entries, indent=1) + "\n")
-            os.replace(staging, self.tuning_file)
-        except OSError as err:
-            warnings.warn(
-                f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
-                "will tune them again",
-                stacklevel=2,
-            )
+        self.decode_step.save_tuning()
 
     def __repr__(self):
         b = self.build_config
@@ -165,7 +137,7 @@ class ModelRunner:
             f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
             f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
             f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
-            f"decode_backend={self.decode_backend!r})"
+            f"backend={self.backend!r}, cuda_graphs={self.cuda_graphs})"
         )
 
     @torch.inference_mode()
@@ -318,7 +290,7 @@ class ModelRunner:
             yield new_ids[:, None, : t + 1], generated[:, None]
             if t + 1 == max_new_tokens or (stopping and bool(finished.all())):
                 return
-            logits = self.decoder(tokens, pos, max(lengths) + t + 1)
+            logits = self.decoder(tokens, pos, kv_bucket(max(lengths) + t + 1, self.max_seq_len))
             pos += 1
 
     def _ends_with_stop_word(self, new_ids, generated, stop_words) -> torch.Tensor:
@@ -344,7 +316,7 @@ class ModelRunner:
                 break
             yield search.running_beams(t)
             self.engine.reorder(src_rows, max(lengths) + t)
-            logits = self.decoder(tokens, pos, max(lengths) + t + 1)
+            logits = self.decoder(tokens, pos, kv_bucket(max(lengths) + t + 1, self.max_seq_len))
             pos += 1
         yield search.result()
 

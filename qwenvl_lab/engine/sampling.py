@@ -4,7 +4,7 @@ import torch
 
 from ..requests import is_greedy
 
-ARGMAX_BLOCK = 128  # greedy_tokens on a CPU: the row's maximum per block of this many logits first
+ARGMAX_BLOCK = 128  # greedy_tokens: the row's maximum per block of this many logits first
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -37,11 +37,11 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(-1) (the first maximum of each row [n, V]); on a CPU in two levels, since CPU argmax is not
+    """logits.argmax(-1) (the first maximum of each row [n, V]) in two levels, since PyTorch's CPU argmax is not
     vectorised while amax is: the maximum of every block of ARGMAX_BLOCK logits, the first block that holds the row's
-    maximum, then the first maximum inside it."""
+    maximum, then the first maximum inside it (a vocabulary that is no whole number of blocks: argmax)."""
     n, vocab = logits.shape
-    if logits.device.type != "cpu" or vocab % ARGMAX_BLOCK:
+    if vocab % ARGMAX_BLOCK:
         return logits.argmax(dim=-1)
     blocks = logits.reshape(n, vocab // ARGMAX_BLOCK, ARGMAX_BLOCK)  # [n, V/B, B]
     best = blocks.amax(dim=-1).argmax(dim=-1)  # [n]

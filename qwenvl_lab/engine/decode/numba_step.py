@@ -1,10 +1,10 @@
-"""Decode back end "numba": a CPU's one-row decode step, every layer in one compiled call.
+"""Decode back end "numba": a CPU's decode step, every layer of every row in one compiled call.
 
-On a CPU a batch-1 decode step of a small model spends more time dispatching ~80 small PyTorch ops than reading the
-layers' weights. `decode_row` runs all the layers for one row as one compiled loop nest: RMSNorm, the fused qkv
-product, RoPE, the KV-cache write, attention over the row's keys, the attention projection and the gated MLP, the
-residual adds, and the final norm; the output layer stays a PyTorch product. Float32 only (numba has no bfloat16).
-Steps of more than one row (batches, beams) run the "torch" back end.
+On a CPU a decode step of a small model spends more time dispatching ~80 small PyTorch ops than reading the layers'
+weights. `decode_rows` runs all the layers for all the rows as one compiled loop nest: RMSNorm, the fused qkv
+product, RoPE, the KV-cache write, attention over each row's keys, the attention projection and the gated MLP, the
+residual adds, and the final norm; the output layer stays a PyTorch product. Each weight row is read once for all
+the rows of the step. Float32 only (numba has no bfloat16).
 """
 
 import math
@@ -13,9 +13,8 @@ import numba
 import numpy as np
 import torch
 
-from .torch_ops import TorchDecode
-
-LAYER_WEIGHTS = ("ln_1", "qkv_t", "qkv_b", "dense_t", "ln_2", "gate_fc_t", "proj_t")  # EngineLayer's, in this order
+from ..layers import LAYER_WEIGHTS
+from . import DecodeStep
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
@@ -31,11 +30,13 @@ def _rms_norm(x, weight, eps, out):
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
 def _add_product(v, w_t, out):
-    """out += v @ w_t, w_t [K, N] read row after row: [N]."""
+    """out += v @ w_t for v [n, K], w_t [K, N] read row after row (each row once for the n rows): out [n, N]."""
     for k in range(w_t.shape[0]):
-        vk, row = v[k], w_t[k]
-        for n in range(w_t.shape[1]):
-            out[n] += vk * row[n]
+        row = w_t[k]
+        for r in range(v.shape[0]):
+            vk, target = v[r, k], out[r]
+            for j in range(w_t.shape[1]):
+                target[j] += vk * row[j]
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
@@ -62,98 +63,103 @@ def _attend(q, keys, values, n, out):
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
-def decode_row(
-    x, ln_1, qkv_t, qkv_b, dense_t, ln_2, gate_fc_t, proj_t, ln_f, kv_cache, cos, sin_signed, at, kv_len, eps, heads
+def decode_rows(
+    ids,
+    pos,
+    embedding,
+    ln_1,
+    qkv_t,
+    qkv_b,
+    dense_t,
+    ln_2,
+    gate_fc_t,
+    proj_t,
+    ln_f,
+    kv_cache,
+    cos,
+    sin_signed,
+    kv_len,
+    eps,
+    heads,
 ):
-    """One decode step's layers for cache row 0 at position `at`, attending to its keys up to min(kv_len, at + 1);
-    x [H] (the token's embedding) is the residual stream, updated in place: the final norm's output [H]."""
+    """One decode step's layers for tokens ids [n] at positions pos [n], row r cached in cache row r and attending
+    to its keys up to min(kv_len, pos[r] + 1): the final norm's output [n, H]."""
     layers, hidden = ln_1.shape
+    n = ids.shape[0]
     hd, ffn = cos.shape[1], proj_t.shape[1]
-    half, keys = hd // 2, min(kv_len, at + 1)  # later keys (a KV bucket past the row) are masked: left out
-    normed, qkv = np.empty(hidden, np.float32), np.empty(3 * hidden, np.float32)
-    attn, gate_fc = np.empty(hidden, np.float32), np.empty(2 * ffn, np.float32)
-    cos_at, sin_at = cos[at], sin_signed[at]  # [hd]
+    half = hd // 2
+    x = np.empty((n, hidden), np.float32)  # the residual stream
+    for r in range(n):
+        x[r] = embedding[ids[r]]
+    normed, qkv = np.empty((n, hidden), np.float32), np.empty((n, 3 * hidden), np.float32)
+    attn, gate_fc = np.empty((n, hidden), np.float32), np.empty((n, 2 * ffn), np.float32)
     for layer in range(layers):
-        _rms_norm(x, ln_1[layer], eps, normed)
-        qkv[:] = qkv_b[layer]
-        _add_product(normed, qkv_t[layer], qkv)  # [q heads | k heads | v heads]
-        for head in range(2 * heads):  # NeoX RoPE on q and k: x·cos + [x2 | x1]·[-sin | sin]
-            t = qkv[head * hd : (head + 1) * hd]
-            for d in range(half):
-                a, b = t[d], t[half + d]
-                t[d] = a * cos_at[d] + b * sin_at[d]
-                t[half + d] = b * cos_at[half + d] + a * sin_at[half + d]
-        for head in range(heads):
-            keys_h, values_h = kv_cache[layer, 0, 0, head], kv_cache[layer, 1, 0, head]  # [S, hd]
-            keys_h[at] = qkv[hidden + head * hd : hidden + (head + 1) * hd]
-            values_h[at] = qkv[2 * hidden + head * hd : 2 * hidden + (head + 1) * hd]
-            _attend(qkv[head * hd : (head + 1) * hd], keys_h, values_h, keys, attn[head * hd : (head + 1) * hd])
+        for r in range(n):
+            _rms_norm(x[r], ln_1[layer], eps, normed[r])
+            qkv[r] = qkv_b[layer]
+        _add_product(normed, qkv_t[layer], qkv)  # [q heads | k heads | v heads] per row
+        for r in range(n):
+            at = pos[r]
+            keys = min(kv_len, at + 1)  # later keys (a KV bucket past the row) are masked: left out
+            cos_at, sin_at = cos[at], sin_signed[at]  # [hd]
+            for head in range(2 * heads):  # NeoX RoPE on q and k: x·cos + [x2 | x1]·[-sin | sin]
+                t = qkv[r, head * hd : (head + 1) * hd]
+                for d in range(half):
+                    a, b = t[d], t[half + d]
+                    t[d] = a * cos_at[d] + b * sin_at[d]
+                    t[half + d] = b * cos_at[half + d] + a * sin_at[half + d]
+            for head in range(heads):
+                keys_h, values_h = kv_cache[layer, 0, r, head], kv_cache[layer, 1, r, head]  # [S, hd]
+                keys_h[at] = qkv[r, hidden + head * hd : hidden + (head + 1) * hd]
+                values_h[at] = qkv[r, 2 * hidden + head * hd : 2 * hidden + (head + 1) * hd]
+                _attend(
+                    qkv[r, head * hd : (head + 1) * hd], keys_h, values_h, keys, attn[r, head * hd : (head + 1) * hd]
+                )
         _add_product(attn, dense_t[layer], x)  # the residual add is the product's accumulator
-        _rms_norm(x, ln_2[layer], eps, normed)
+        for r in range(n):
+            _rms_norm(x[r], ln_2[layer], eps, normed[r])
         gate_fc[:] = 0.0
-        _add_product(normed, gate_fc_t[layer], gate_fc)  # [gate | fc]
-        for n in range(ffn):  # gate · silu(fc), written over the gate half
-            fc = gate_fc[ffn + n]
-            gate_fc[n] = gate_fc[n] * fc / (np.float32(1.0) + np.exp(-fc))
-        _add_product(gate_fc[:ffn], proj_t[layer], x)
-    _rms_norm(x, ln_f, eps, normed)
+        _add_product(normed, gate_fc_t[layer], gate_fc)  # [gate | fc] per row
+        for r in range(n):
+            for j in range(ffn):  # gate · silu(fc), written over the gate half
+                fc = gate_fc[r, ffn + j]
+                gate_fc[r, j] = gate_fc[r, j] * fc / (np.float32(1.0) + np.exp(-fc))
+        _add_product(gate_fc[:, :ffn], proj_t[layer], x)
+    for r in range(n):
+        _rms_norm(x[r], ln_f, eps, normed[r])
     return normed
 
 
-class RowDecoder:
-    """decode_row over an engine's weights and KV cache (float32 on a CPU): its layers' weights become views of
-    stacked [layers, …] tensors, and the kernel reads them and the cache through NumPy views of the same memory."""
+class NumbaDecode(DecodeStep):
+    """decode_rows over an engine's stacked weights and KV cache (float32 on a CPU), read through NumPy views of the
+    same memory; it owns only its RoPE table with the signs of the rotation folded in."""
 
-    def __init__(self, engine):
-        if engine.device.type != "cpu" or engine.dtype != torch.float32:
-            raise ValueError(
-                f"the numba decode kernel runs float32 engines on a CPU, not {engine.dtype} on "
-                f"{engine.device.type}: build the engine with dtype float32, or choose another "
-                "decode_backend"
-            )
-        first, layers = engine.layers[0], len(engine.layers)
-        stacked = {name: torch.empty(layers, *getattr(first, name).shape, dtype=engine.dtype) for name in LAYER_WEIGHTS}
-        for i, layer in enumerate(engine.layers):  # one layer at a time: its own tensors are freed as it goes
-            for name in LAYER_WEIGHTS:
-                setattr(layer, name, stacked[name][i].copy_(getattr(layer, name)))
-        self.layer_weights = [stacked[name].numpy() for name in LAYER_WEIGHTS]  # [layers, …] each
+    name = "numba"
+    layout = "[in, out]"  # decode_rows streams every w_t [K, N] row after row
+
+    def __init__(self, engine, tuning_file=None):
+        super().__init__(engine)
+        self.layer_weights = [engine.stacks[name].numpy() for name in LAYER_WEIGHTS]  # [layers, …] each
         self.embedding, self.ln_f = engine.vocab_embedding.numpy(), engine.ln_f.numpy()
         self.kv_cache = engine.kv_cache.numpy()  # [layers, 2, rows, heads, S, hd]: written in place
         half = engine.head_dim // 2
         self.cos = engine.cos.numpy()  # [S, hd]
         self.sin_signed = torch.cat([-engine.sin[:, :half], engine.sin[:, half:]], dim=-1).numpy()  # [S, hd]
-        self.eps, self.heads = engine.eps, engine.heads
-
-    def __call__(self, token: int, at: int, kv_len: int) -> torch.Tensor:
-        """The final norm's output [1, H] for `token` at position `at` (its key and value cached in row 0)."""
-        x = self.embedding[token].copy()  # [H]: the residual stream
-        return torch.from_numpy(
-            decode_row(
-                x,
-                *self.layer_weights,
-                self.ln_f,
-                self.kv_cache,
-                self.cos,
-                self.sin_signed,
-                at,
-                kv_len,
-                self.eps,
-                self.heads,
-            )
-        )[None]
-
-
-class NumbaDecode(TorchDecode):
-    """One-row steps through `decode_row`, steps of several rows through the "torch" back end."""
-
-    name = "numba"
-
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.row_decoder = RowDecoder(engine)
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """ids [n] at positions pos [n]: logits [n, V]."""
-        if ids.shape[0] != 1:
-            return super().__call__(ids, pos, kv_len)
-        return (self.row_decoder(int(ids[0]), int(pos[0]), kv_len) @ self.engine.lm_head_t).float()  # [1, V]
+        """ids [n] at positions pos [n], attending to their cached keys up to pos: logits [n, V]."""
+        e = self.engine
+        normed = decode_rows(
+            ids.numpy(),
+            pos.numpy(),
+            self.embedding,
+            *self.layer_weights,
+            self.ln_f,
+            self.kv_cache,
+            self.cos,
+            self.sin_signed,
+            kv_len,
+            e.eps,
+            e.heads,
+        )
+        return torch.from_numpy(normed) @ e.lm_head_t  # [n, V] float32

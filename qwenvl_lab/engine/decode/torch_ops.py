@@ -4,16 +4,17 @@ import torch
 import torch.nn.functional as F
 
 from ..layers import attention_input, mlp_output
+from . import DecodeStep
 
 
-class TorchDecode:
+class TorchDecode(DecodeStep):
     """One token per row through every layer with PyTorch ops, attention by SDPA over the cached keys."""
 
     name = "torch"
+    layout = "[in, out]"  # MKL's and cuBLAS's one-row products stream it fastest (docs/engine.md)
 
-    def __init__(self, engine, attention_input=attention_input, mlp_output=mlp_output):
-        self.engine = engine
-        self.attention_input, self.mlp_output = attention_input, mlp_output
+    def __init__(self, engine, tuning_file=None):
+        super().__init__(engine)
         self.row_ids = torch.arange(engine.rows, device=engine.device)
         self.mask_value = torch.finfo(engine.dtype).min
 
@@ -23,14 +24,12 @@ class TorchDecode:
         x, rows = e.embed(ids), self.row_ids[:n]  # [n, H]
         cos, sin = e.cos[pos][:, None], e.sin[pos][:, None]  # [n, 1, hd]
         bias = torch.zeros(n, 1, 1, kv_len, dtype=e.dtype, device=e.device)
-        bias.masked_fill_(
-            e.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value
-        )  # keys after each row's position
+        bias.masked_fill_(e.key_pos[:kv_len] > pos[:, None, None, None], self.mask_value)  # keys after each row's pos
         for layer, cache in zip(e.layers, e.kv_cache):
-            q, k, v = self.attention_input(x, layer, e.eps, cos, sin, e.heads)  # [n, heads, hd] each
+            q, k, v = attention_input(x, layer, e.eps, cos, sin, e.heads)  # [n, heads, hd] each
             cache[0, rows, :, pos], cache[1, rows, :, pos] = k, v  # row i's key and value at position pos[i]
             out = F.scaled_dot_product_attention(
                 q[:, :, None], cache[0, :n, :, :kv_len], cache[1, :n, :, :kv_len], attn_mask=bias
             )  # [n, heads, 1, hd]
-            x = self.mlp_output(x, out.reshape(n, -1), layer, e.eps)
+            x = mlp_output(x, out.reshape(n, -1), layer, e.eps)
         return e.logits(x)  # [n, V]

@@ -5,15 +5,17 @@ stream its weights, and every separate small kernel around it (residual add, Swi
 of the activations. `fused_linear` streams W [N, K] once and finishes in the same kernel: the bias, Qwen's gated MLP
 `gate · silu(fc)`, or adding the product straight into the float32 residual stream (split over K across programs,
 with atomic adds, so short outputs still get many programs). `rms_norm` reads the residual stream once per norm.
-Rows (the batch, at most MAX_ROWS) go through tl.dot. On a CPU the same kernels run through Triton's interpreter
-(TRITON_INTERPRET=1: tests only). docs/performance-log.md records the alternatives that were measured.
+Rows go through tl.dot, ROW_TILE of them per program (a decode step of more rows streams W once per tile). On a CPU
+the same kernels run through Triton's interpreter (TRITON_INTERPRET=1: tests only), which cannot time the tile
+shapes and takes the first. docs/performance-log.md records the alternatives that were measured.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from . import TRITON_MAX_ROWS as MAX_ROWS  # one tile of rows: decode batches are at most this
+ROW_TILE = 16  # rows per program: a decode step's batch × beams fits in one tile up to this
+INTERPRETED = triton.knobs.runtime.interpret  # Triton's interpreter (TRITON_INTERPRET=1): a CPU runs the kernels
 
 # tile shapes tried once per shape on a GPU (and split-K when the product is added into the residual stream);
 # the interpreter takes the first
@@ -57,10 +59,10 @@ def _fused_linear_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """y[:, block] = epilogue(x @ W[block].T + b); swiglu reads rows `block` (gate) and N + block (fc);
-    accumulate adds into y (float32) from SPLIT_K programs, each over its share of K."""
-    pid, pid_k = tl.program_id(0), tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
+    """y[rows, block] = epilogue(x[rows] @ W[block].T + b) for the row tile `rows`; swiglu reads rows `block` (gate)
+    and N + block (fc); accumulate adds into y (float32) from SPLIT_K programs, each over its share of K."""
+    pid, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rm < M, rn < N
     per_split = ((K + SPLIT_K - 1) // SPLIT_K + BLOCK_K - 1) // BLOCK_K * BLOCK_K  # a whole number of K tiles
@@ -115,7 +117,7 @@ def use_choices(choices: list[dict]) -> int:
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, swiglu: bool = False, out=None) -> torch.Tensor:
-    """x @ weight.T + bias for x [M ≤ 16, K], weight [N, K], both in one dtype (float32 accumulation).
+    """x @ weight.T + bias for x [M, K], weight [N, K], both in one dtype (float32 accumulation).
 
     swiglu: weight stacks gate and fc rows [2F, K] and the result is gate · silu(fc) [M, F]. out: a float32
     [M, N] tensor (the residual stream) that the product is added into, in place; it is returned.
@@ -123,8 +125,6 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, swiglu: bool 
     m, k = x.shape
     rows = weight.shape[0]
     n = rows // 2 if swiglu else rows
-    if m > MAX_ROWS:
-        raise ValueError(f"fused_linear takes at most {MAX_ROWS} rows, got {m}")
     if weight.shape[1] != k or (swiglu and rows % 2):
         raise ValueError(
             f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}"
@@ -141,14 +141,15 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, swiglu: bool 
     args = (x, weight, bias if bias is not None else x, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
     flags = dict(
         BIAS=bias is not None,
-        BLOCK_M=MAX_ROWS,
+        BLOCK_M=ROW_TILE,
         EPILOGUE="swiglu" if swiglu else "accumulate" if out is not None else "none",
     )
-    if x.is_cuda:
-        _tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
-    else:  # the interpreter: the first tile shape, split in two where it may be
+    tiles = triton.cdiv(m, ROW_TILE)
+    if INTERPRETED:  # it cannot time tile shapes: the first, split in two where it may be
         first = {**CONFIGS[0].kwargs, "SPLIT_K": 2 if out is not None else 1}
-        _fused_linear_kernel[(triton.cdiv(n, first["BLOCK_N"]), first["SPLIT_K"])](*args, **flags, **first)
+        _fused_linear_kernel[(triton.cdiv(n, first["BLOCK_N"]), first["SPLIT_K"], tiles)](*args, **flags, **first)
+    else:
+        _tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], tiles)](*args, **flags)
     return y
 
 

@@ -1,28 +1,44 @@
 """Decode back end "triton": the decode step as the engine's own Triton kernels (NVIDIA GPU; CPU via the interpreter).
 
 A float32 residual stream that the two projections add into, gate · silu(fc) inside the MLP's first product, and
-RoPE, the KV-cache write and attention split over the keys in one kernel: seven launches a layer.
+RoPE, the KV-cache write and attention split over the keys in one kernel: seven launches a layer. The tile shapes
+the autotuner picks for each product are saved in the engine's tuning.json (one entry per GPU name and Triton
+version) and handed back to the autotuner by the next process that loads the engine, which then times nothing.
 """
+
+import json
+import os
+import warnings
+from pathlib import Path
 
 import torch
 import triton
 
-from . import triton_linear
+from . import DecodeStep, triton_linear
 from .triton_attention import decode_attention
 from .triton_linear import fused_linear, rms_norm
 
 
-class TritonDecode:
+class TritonDecode(DecodeStep):
     """The decode step with the kernels of triton_linear and triton_attention."""
 
     name = "triton"
+    layout = "[out, in]"  # fused_linear streams W [N, K] row after row
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, tuning_file=None):
+        super().__init__(engine)
         half = engine.head_dim // 2
         self.sin_signed = torch.cat([-engine.sin[:, :half], engine.sin[:, half:]], dim=-1).contiguous()  # [S, hd]
         self.cos = engine.cos.contiguous()
         self.tickets = torch.zeros(engine.rows * engine.heads, dtype=torch.int32, device=engine.device)  # attention's
+        self.tuning_file = None if tuning_file is None else Path(tuning_file)
+        self.tuning_key = (
+            f"{'interpreter' if triton_linear.INTERPRETED else torch.cuda.get_device_name(engine.device)} | "
+            f"triton {triton.__version__}"
+        )  # which tuned choices fit here
+        choices = self._saved().get(self.tuning_key)
+        if isinstance(choices, list):
+            triton_linear.use_choices(choices)
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """ids [n] at positions pos [n], attending to their cached keys up to pos: logits [n, V]."""
@@ -36,14 +52,30 @@ class TritonDecode:
             fused_linear(mlp, layer.proj_t.t(), out=x)  # [n, H]
         return fused_linear(rms_norm(x, e.ln_f, e.eps), e.lm_head_t.t()).float()  # [n, V]
 
-    def tuning_key(self) -> str:
-        """Which tuned choices fit here: the GPU's name and Triton's version."""
-        return f"{torch.cuda.get_device_name(self.engine.device)} | triton {triton.__version__}"
+    def _saved(self) -> dict:
+        """tuning.json's entries ({tuning key: choices}), {} when there is none or it cannot be read."""
+        if self.tuning_file is None:
+            return {}
+        try:
+            entries = json.loads(self.tuning_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
 
-    def choices(self) -> list[dict]:
-        """The autotuner's choices so far (triton_linear.tuned_choices)."""
-        return triton_linear.tuned_choices()
-
-    def use_choices(self, choices: list[dict]) -> int:
-        """Reuse choices made earlier (triton_linear.use_choices): how many were taken."""
-        return triton_linear.use_choices(choices)
+    def save_tuning(self) -> None:
+        """Write the autotuner's choices for this GPU into tuning.json (a read-only engine is left as it is)."""
+        choices = triton_linear.tuned_choices()
+        entries = self._saved()
+        if self.tuning_file is None or not choices or entries.get(self.tuning_key) == choices:
+            return
+        entries[self.tuning_key] = choices
+        try:
+            staging = self.tuning_file.with_suffix(".json.tmp")
+            staging.write_text(json.dumps(entries, indent=1) + "\n")
+            os.replace(staging, self.tuning_file)
+        except OSError as err:
+            warnings.warn(
+                f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
+                "will tune them again",
+                stacklevel=3,
+            )
