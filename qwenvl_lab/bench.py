@@ -37,11 +37,11 @@ import torch.nn.functional as F
 import transformers
 
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
+from .checks.tensors import to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
 from .engine.cuda_graphs import KV_BUCKET
 from .engine.decode import BACKENDS
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
-from .prompt_table import to_torch_dtype
 from .resources import images_dir
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy import TOY_DIR

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
+from .checks.tensors import as_id_list, parse_tasks, to_torch_dtype
+from .checks.values import check_int
 from .files import field, read_json
-from .prompt_table import per_request_tables, to_torch_dtype
-from .requests import as_id_list, check_sampling, parse_tasks
+from .prompt_table import per_request_tables
+from .requests import check_sampling
 from .tokenizing import (
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -230,7 +232,7 @@ class ModelAsRunner:
             )
             tables = prompt_table.shape[0] if prompt_table.dim() == 3 else -(-prompt_table.shape[0] // rows)
             default = list(range(len(ids))) if prompt_table.dim() == 3 and tables > 1 else [0] * len(ids)
-            tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), tables)
+            tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), "prompt_tasks", tables)
             table = dict(
                 prompt_table=prompt_table.reshape(-1, prompt_table.shape[-1]).to(device, self.dtype),
                 tasks=torch.tensor(tasks, dtype=torch.int32, device=device),
@@ -282,8 +284,7 @@ class GenerationSettings:
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_k, self.top_p, repetition_penalty=self.repetition_penalty)
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+        check_int("max_new_tokens", self.max_new_tokens, 1)
         if isinstance(self.stop, str) or not all(isinstance(w, str) and w for w in self.stop):
             raise TypeError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
 

@@ -9,9 +9,9 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import SafetensorError, safe_open
 
+from .checks.tensors import first_non_finite, to_torch_dtype
 from .files import CheckpointError, put_in_place, read_json, sibling_name
 from .modeling import QWenLMHeadModel, QWenVLConfig, check_visual
-from .prompt_table import first_non_finite, to_torch_dtype
 from .vision import VisionTransformer
 
 REPAIR = "re-download the file or repair it"

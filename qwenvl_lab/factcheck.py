@@ -35,10 +35,10 @@ from .bench import (
 )
 from .chat import ModelAsRunner, answer_text, make_prompt
 from .checkpoint import load_checkpoint, load_config
+from .checks.tensors import as_batch, dtype_name
 from .claims import Claim, check_verdict, claims_table, recorded
-from .img_pos import as_batch, locate_img_pos
-from .limits import dtype_name
-from .prompt_table import prompt_tuning_embedding, single_table_batch
+from .img_pos import locate_img_pos
+from .prompt_table import prompt_tuning_embedding, single_table_batch, table_rows
 from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy.shapes import answer_matches
 from .vision import VisionTransformer
@@ -157,12 +157,11 @@ def bare_injections(model, input_ids, input_vit: torch.Tensor) -> dict:
     for i, a, b in locate_img_pos(input_ids).tolist():
         padded[i, a + 1 : b] = IMAGE_PAD_ID
     features = input_vit.reshape(-1, input_vit.shape[-1])  # [N·256, H]
-    offsets = (tasks * task_vocab_size)[:, None]  # [B, 1]
 
     def lookup():
         prompt = fake_ids > vocab_size - 1  # [B, L]
         normal = F.embedding(torch.where(prompt, vocab_size - 1, fake_ids), wte)
-        rows = F.embedding(torch.where(prompt, fake_ids - vocab_size, 0) + offsets, table)
+        rows = F.embedding(torch.where(prompt, table_rows(fake_ids, tasks, task_vocab_size, vocab_size), 0), table)
         return torch.where(prompt[..., None], rows, normal)
 
     def overwrite():

@@ -33,6 +33,7 @@ from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
 
+from .checks.values import is_int, is_number
 from .tokenizing import (
     BOX_END_ID,
     BOX_START_ID,
@@ -71,7 +72,7 @@ def _four_ints(corners) -> tuple[int, int, int, int]:
         isinstance(corners, (str, bytes))
         or not isinstance(corners, (list, tuple))
         or len(corners) != 4
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in corners)
+        or not all(is_int(v) for v in corners)
     ):
         raise TypeError(f"a box is 4 ints (x1, y1, x2, y2), got {corners!r}")
     return tuple(corners)
@@ -89,11 +90,7 @@ def check_box(corners) -> tuple[int, int, int, int]:
 
 def _check_size(size) -> tuple[int, int]:
     """(width, height) as positive ints."""
-    if (
-        not isinstance(size, (list, tuple))
-        or len(size) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-    ):
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(is_int(v) and v > 0 for v in size):
         raise ValueError(f"a picture size is (width, height) in pixels, two positive ints, got {size!r}")
     return tuple(size)
 
@@ -117,7 +114,7 @@ def iou(a, b) -> float:
             isinstance(box, (str, bytes))
             or not isinstance(box, (list, tuple))
             or len(box) != 4
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+            or not all(is_number(v) for v in box)
         ):
             raise TypeError(f"a box is 4 numbers (x1, y1, x2, y2), got {box!r}")
         if box[2] < box[0] or box[3] < box[1]:

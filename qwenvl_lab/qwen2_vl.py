@@ -12,7 +12,8 @@ from functools import lru_cache
 import torch
 from PIL import Image
 
-from .img_pos import as_batch, check_int
+from .checks.tensors import as_batch
+from .checks.values import check_int
 from .tokenizing import IM_END_ID, IM_START_ID, QWenTokenizer, make_context
 from .vision import load_image
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import tiktoken
 
 from . import resources
+from .checks.values import is_int
 
 # Special-token ids of Qwen-VL (they follow the 151,643 BPE ranks of qwen.tiktoken)
 ENDOFTEXT_ID = 151643  # <|endoftext|>, also eos/pad in generation_config.json
@@ -157,14 +158,14 @@ def _as_ids(ids) -> list[int]:
     """A list of non-negative Python ints from a list, tuple, torch tensor, numpy array or single int."""
     if hasattr(ids, "tolist"):
         ids = ids.tolist()  # torch / numpy: [L] → list, 0-d → scalar
-    if isinstance(ids, int) and not isinstance(ids, bool):
+    if is_int(ids):
         ids = [ids]
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, range)):
         raise TypeError(
             f"token ids must be a 1-D list, tuple, torch tensor or numpy array of ints, got {type(ids).__name__}"
         )
     for k, i in enumerate(ids):
-        if isinstance(i, bool) or not isinstance(i, int):
+        if not is_int(i):
             raise TypeError(f"token ids must be a 1-D sequence of ints, got {type(i).__name__} {i!r} at position {k}")
         if i < 0:
             raise ValueError(f"token ids must be >= 0, got {i} at position {k}")
@@ -299,7 +300,7 @@ class Query(str):
 
 
 def _check_coord(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{where} must be an int on the 0–1000 scale, got {value!r}")
     if not 0 <= value <= 1000:
         raise ValueError(f"{where} must be on the 0–1000 scale, got {value}")
@@ -538,7 +539,7 @@ def make_context(
         raise TypeError(f"make_context takes a QWenTokenizer first, got {type(tokenizer).__name__}")
     if not isinstance(system, str):
         raise TypeError(f"system must be a str, got {type(system).__name__}")
-    if isinstance(max_window_size, bool) or not isinstance(max_window_size, int) or max_window_size <= 0:
+    if not is_int(max_window_size) or max_window_size <= 0:
         raise ValueError(f"max_window_size must be a positive int, got {max_window_size!r}")
     if not isinstance(query, str):
         raise TypeError(f"query must be a str (plain text) or a Query, got {type(query).__name__}")

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
+from . import prompt_table
 from .chat import ModelAsRunner, ask_batch, make_prompt
+from .checks.tensors import as_batch, one_int, parse_tasks
+from .checks.values import is_int
 from .grounding import draw_boxes, parse_boxes, to_list_format
-from .img_pos import as_batch
 from .prompt_table import single_table_batch
 from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
 from .vision import load_image
@@ -70,7 +72,7 @@ class TokenView:
         ids = as_batch(ids)
         if ids.shape[0] != 1:
             raise ValueError(f"TokenView shows one sequence, got a batch of {ids.shape[0]}; pass input_ids[b]")
-        if isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 2:
+        if not is_int(collapse) or collapse < 2:
             raise ValueError(f"collapse must be an int >= 2 (the shortest run shown as one chip), got {collapse!r}")
         ids = ids[0].tolist()
         kinds = tokenizer.token_kinds(ids)
@@ -89,7 +91,7 @@ class TokenView:
 
     def check_position(self, position) -> int:
         """Return `position` if it indexes the sequence, else raise a ValueError."""
-        if isinstance(position, bool) or not isinstance(position, int):
+        if not is_int(position):
             raise TypeError(f"position must be an int, got {type(position).__name__}")
         if not 0 <= position < len(self):
             raise ValueError(f"position {position} is outside the sequence: choose 0…{len(self) - 1}")
@@ -223,28 +225,23 @@ def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax
 def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: int | None = None) -> torch.Tensor:
     """(sequence, position, fake id, table row) of every id >= vocab_size: row = id - V + task × task_vocab_size."""
     input_ids = as_batch(input_ids)  # [B, L]
-    tasks = torch.as_tensor(tasks).reshape(-1).long()
-    if tasks.shape[0] != input_ids.shape[0]:
-        raise ValueError(f"{tasks.shape[0]} tasks for a batch of {input_ids.shape[0]}: give one task per sequence")
-    if (tasks < 0).any():
-        raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
-    task_vocab_size = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+    tasks = torch.tensor(parse_tasks(tasks, input_ids.shape[0]))  # [B]
+    task_vocab_size = one_int(task_vocab_size, "task_vocab_size", 0)
     seq, pos = torch.where(input_ids >= vocab_size)
-    fake = input_ids[seq, pos]
-    rows = fake - vocab_size + tasks[seq] * task_vocab_size
+    rows = prompt_table.table_rows(input_ids, tasks, task_vocab_size, vocab_size)[seq, pos]
     if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
         raise ValueError(
             f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
             "(on a GPU engine this read would go out of bounds)"
         )
-    return torch.stack([seq, pos, fake, rows], dim=1)  # [M, 4]
+    return torch.stack([seq, pos, input_ids[seq, pos], rows], dim=1)  # [M, 4]
 
 
 def describe_lookup(entry, tasks, task_vocab_size, vocab_size: int) -> str:
     """One line: which prompt-table row the fake id at (sequence, position) reads, and why."""
     seq, pos, fake, row = (int(v) for v in entry)
-    task = int(torch.as_tensor(tasks).reshape(-1)[seq])
-    tvs = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+    task = parse_tasks(tasks, None)[seq]
+    tvs = one_int(task_vocab_size, "task_vocab_size", 0)
     return (
         f"sequence {seq}, position {pos}: fake id {fake} = V + {fake - vocab_size} → "
         f"row {fake - vocab_size} + task {task} × {tvs} = prompt_table row {row}"

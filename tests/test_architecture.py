@@ -9,6 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 
 # lowest first; a module imports from lower layers and, inside a subpackage, from its own subpackage (without cycles)
 LAYERS = [
+    ["checks"],
     ["files", "resources", "claims"],
     ["tokenizing"],
     ["img_pos"],

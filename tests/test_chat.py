@@ -112,7 +112,7 @@ def test_generation_settings_come_from_generation_config(tmp_path):
         GenerationSettings.from_dir(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.1, "do_sample": False}))
     assert GenerationSettings.from_dir(tmp_path).sampling() == dict(top_k=1, repetition_penalty=1.1)
-    with pytest.raises(ValueError, match="top_p must be a number in"):
+    with pytest.raises(ValueError, match="top_p must be a finite number >= 0 and <= 1"):
         GenerationSettings(top_p=2.0)
 
 

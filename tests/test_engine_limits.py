@@ -124,12 +124,13 @@ def test_bad_generation_settings(runner):
     ids = [torch.tensor([1, 2])]
     for kwargs, match in [
         ({"num_beams": 2}, "num_beams 2 is outside 1…1, the engine's max_beam_width"),
-        ({"max_new_tokens": 0}, "max_new_tokens must be a positive int"),
-        ({"end_id": V}, "end_id must be an int in \\[-1, 151936\\)"),
-        ({"pad_id": -1}, "pad_id must be an int in \\[0, 151936\\)"),
-        ({"temperature": 0.0}, "temperature must be a number > 0"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be an int >= 1, got 0"),
+        ({"end_id": V}, "end_id must be an int in \\[-1, 151935\\]"),
+        ({"pad_id": -1}, "pad_id must be an int in \\[0, 151935\\]"),
+        ({"temperature": 0.0}, "temperature must be a finite number > 0"),
         ({"top_k": -1}, "top_k must be an int >= 0"),
-        ({"top_p": 1.5}, "top_p must be a number in \\[0, 1\\]"),
+        ({"early_stopping": "sometimes"}, "early_stopping must be one of True, False, 'never'"),
+        ({"top_p": 1.5}, "top_p must be a finite number >= 0 and <= 1"),
     ]:
         with pytest.raises(ValueError, match=match):
             runner.generate(ids, **{"max_new_tokens": 2, **kwargs})
@@ -156,12 +157,14 @@ def test_ids_past_int32_are_refused_not_wrapped(runner):
     wrapped[10] = 2**32 + V + 3
     with pytest.raises(ValueError, match=f"id {2**32 + V + 3} at position 10 reads prompt-table row {2**32 + 3}"):
         runner.generate([wrapped], prompt_table=torch.zeros(256, H), max_new_tokens=2)
-    with pytest.raises(ValueError, match="not a 1-D sequence of token ids that fit in int64"):
+    with pytest.raises(ValueError, match="request 0 hold 1180591620717411303424, outside int64"):
         runner.generate([[1, 2**70]], max_new_tokens=2)
 
 
 def test_non_finite_tables_are_refused(runner):
     table = torch.zeros(256, H)
     table[7, 3] = float("nan")
-    with pytest.raises(ValueError, match="prompt-table row 7 holds NaN or infinity"):
+    with pytest.raises(
+        ValueError, match=r"request 0: prompt-table row 7 \(read by id 151943 at position 11\) holds NaN or infinite"
+    ):
         runner.generate([image_request()], prompt_table=table, max_new_tokens=2)

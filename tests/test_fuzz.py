@@ -22,11 +22,12 @@ from PIL import Image
 
 from qwenvl_lab import grounding
 from qwenvl_lab.checkpoint import CheckpointError
+from qwenvl_lab.checks.tensors import as_batch, to_torch_dtype
 from qwenvl_lab.fake_ids import replace_image_spans
 from qwenvl_lab.grounding import to_list_format
-from qwenvl_lab.img_pos import as_batch, locate_img_pos
+from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.limits import BuildConfig
-from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup, to_torch_dtype
+from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup
 from qwenvl_lab.requests import check_request
 from qwenvl_lab.tokenizing import (
     ENDOFTEXT_ID,
@@ -525,11 +526,12 @@ def test_ptuning_setup_on_any_features(data):
         assert input_vit.is_floating_point() and torch.isfinite(input_vit).all() and torch.isfinite(table).all()
         assert torch.equal(table, input_vit.reshape(-1, hidden).to(table.dtype))
         assert task_vocab_size.tolist() == [input_vit.shape[1]]
-    expected_tasks = (
-        [0] * (1 if ids is None else as_batch(ids).shape[0])
-        if tasks is None
-        else [int(t) for t in str(tasks).split(",")]
-    )
+    if tasks is None:
+        expected_tasks = [0] * (1 if ids is None else as_batch(ids).shape[0])
+    elif isinstance(tasks, str):
+        expected_tasks = [int(t) for t in tasks.split(",")]
+    else:
+        expected_tasks = torch.as_tensor(tasks).reshape(-1).tolist()
     assert task_ids.tolist() == expected_tasks and min(expected_tasks, default=0) >= 0
 
 
@@ -604,7 +606,7 @@ def test_prompt_tuning_embedding_on_any_lookup(data):
         and (ids_kind != "float tensor" or length == 0)
         and shape_kind == "right"
     )  # no ids: any dtype
-    in_range = 1 <= size <= len(vocab) and min(tasks) >= 0 and tvs >= 0
+    in_range = 1 <= size <= len(vocab) and 0 <= min(tasks) and max(tasks) < 2**31 and 0 <= tvs < 2**31  # int32
     plan = reference_rows(ids, tasks, tvs, size, table) if in_range else None
     if refused(out):
         assert not well_typed or plan is None, f"a valid lookup was refused: {out}"

@@ -89,7 +89,7 @@ def test_fake_ids_shifted_by_one_read_past_the_table_and_are_refused(toy_model, 
     fake_ids, table, tasks, task_vocab_size = single_table_batch(ids, input_vit, toy_model.config.vocab_size)
     fake = fake_ids >= toy_model.config.vocab_size
     shifted = torch.where(fake, fake_ids + 1, fake_ids)  # ids 1…256 of a 256-row table
-    with pytest.raises(ValueError, match="reads row 256 of a prompt table with 256 rows"):
+    with pytest.raises(ValueError, match="reads prompt-table row 256, but the table has 256 rows"):
         toy_model(shifted, prompt_table=table, tasks=tasks, task_vocab_size=task_vocab_size)
 
 

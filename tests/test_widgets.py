@@ -239,9 +239,9 @@ def test_lookup_rows_follow_the_embedding_lookup():
 def test_lookup_rows_errors():
     ids, input_vit = fake_batch()
     fake_ids, table, tasks, tvs = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match="1 tasks for a batch of 2"):
+    with pytest.raises(ValueError, match="1 tasks for 2 requests"):
         lookup_rows(fake_ids, [0], tvs, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match=r"tasks must be in \[0, "):
         lookup_rows(fake_ids, [0, -1], tvs, MODEL_VOCAB_SIZE)
     with pytest.raises(ValueError, match=f"reads row {3 * IMG_TOKEN_SPAN - 1} but the prompt table has 256 rows"):
         lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, table_rows=IMG_TOKEN_SPAN)

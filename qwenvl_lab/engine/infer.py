@@ -5,7 +5,8 @@ import warnings
 import torch
 
 from .. import chat
-from ..requests import as_id_list
+from ..checks.tensors import as_id_list
+from ..checks.values import check_int
 from ..tokenizing import IM_END_ID, load_tokenizer
 from .build import load_engine_vision_tower
 from .runner import ModelRunner
@@ -23,8 +24,7 @@ def generate_for_qwenvl(
 ) -> torch.Tensor:
     """run.py's step 5: clamp max_new_tokens to what max_seq_len leaves (with a warning), then decode: output_ids."""
     batch = as_id_list(input_ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise TypeError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     longest = max(len(ids) for ids in batch)
     room = runner.max_seq_len - longest
     if room < 1:

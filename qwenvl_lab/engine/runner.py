@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..checks.values import check_model_limits
 from ..layout import to_trtllm_names
-from ..limits import BuildConfig, check_model_limits
-from ..prompt_table import prompt_tuning_embedding
+from ..limits import BuildConfig
+from ..prompt_table import lookup
 from ..requests import GenerationStream, OneGeneration, check_request, check_sampling, check_stop_words
 from ..tokenizing import IM_END_ID
 from ..unified_checkpoint import trtllm_config
@@ -204,7 +205,9 @@ class ModelRunner:
         {"output_ids", "sequence_lengths"}. Threads may share the runner: a call waits for the generation running
         (one at a time holds the KV cache), and is refused while a streaming generation is open.
         """
-        greedy = check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
+        greedy = check_sampling(
+            temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty, early_stopping
+        )
         request = check_request(
             self.build_config,
             self.vocab_size,
@@ -276,13 +279,11 @@ class ModelRunner:
                 self.turn.end()
 
     def _embed(self, ids, table, request, r: int) -> torch.Tensor:
-        """Embeddings [L, H] of request r: vocabulary rows, and prompt-table rows for its fake ids (its task's block)."""
+        """Embeddings [L, H] of request r: vocabulary rows, and the prompt-table rows its fake ids read."""
         if table is None:
             return self.engine.embed(ids)
-        tasks = torch.tensor(request.tasks[r : r + 1], dtype=torch.int32, device=self.device)
-        return prompt_tuning_embedding(
-            ids[None], self.engine.vocab_embedding, table, tasks, request.task_vocab_size, self.vocab_size
-        )[0]
+        rows = request.rows[r].to(self.device)[None]  # [1, L]: checked by check_request
+        return lookup(ids[None], self.engine.vocab_embedding, table, rows, self.vocab_size)[0]
 
     @torch.inference_mode()
     def _sampling_steps(

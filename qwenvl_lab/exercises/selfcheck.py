@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..checks.values import is_int
+
 LETTERS = "abcdefgh"  # option labels: (a), (b), …
 
 
@@ -146,7 +148,7 @@ def _choice_index(question: Question, choice) -> int:
 def grade(notebook: str, number: int, choice) -> Verdict:
     """Grade `choice` (a letter, or the option's text) for question `number` (1, 2, …) of `notebook`'s self-check."""
     bank = questions(notebook)
-    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= len(bank):
+    if not is_int(number) or not 1 <= number <= len(bank):
         raise ValueError(f"notebook {notebook}'s self-check has questions 1 to {len(bank)}, got {number!r}")
     question = bank[number - 1]
     picked = question.choices[_choice_index(question, choice)]

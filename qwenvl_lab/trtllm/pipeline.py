@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 from .. import chat
+from ..checks.tensors import dtype_name
 from ..files import field, read_json
-from ..limits import BuildConfig, dtype_name
+from ..limits import BuildConfig
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .build_command import run_trtllm_build, trtllm_build_command
 from .gpu import GPUStackError

@@ -47,7 +47,7 @@ def read_engine_config(engine_dir) -> EngineConfig:
             max_prompt_embedding_table_size=build.get("max_prompt_embedding_table_size", 0),
             dtype=field(pretrained, "dtype", "str", config_file, fix),
         )
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         raise CheckpointError(f"{config_file}: {err}") from None
     config = EngineConfig(
         vocab_size=field(pretrained, "vocab_size", "int", config_file, fix),
@@ -64,6 +64,12 @@ def read_engine_config(engine_dir) -> EngineConfig:
     if missing:
         raise FileNotFoundError(f"{engine_dir} lacks {missing}; was trtllm-build interrupted?")
     return config
+
+
+# TensorRT-LLM takes early_stopping as an int: its beam search stops once there are enough finished beams for 1, goes
+# on while a better beam may come for 0, and for other values as transformers' "never" does
+# (cpp/tensorrt_llm/kernels/beamSearchKernels/beamSearchKernelsTemplate.h, NVIDIA/TensorRT-LLM at 2a9abd9536aa)
+EARLY_STOPPING = {True: 1, False: 0, "never": 2}
 
 
 class TRTLLMRunner:
@@ -174,9 +180,7 @@ class TRTLLMRunner:
         With tensor parallelism only rank 0 gets outputs, as in TensorRT-LLM: on the other ranks ModelRunnerCpp
         enqueues nothing and returns [], and this returns None. Threads may share the runner, as the engine's.
         """
-        check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
-        if early_stopping not in (True, False):
-            raise ValueError(f"early_stopping must be True or False with TensorRT-LLM, got {early_stopping!r}")
+        check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty, early_stopping)
         ids, tables, tasks = self.check_request(
             batch_input_ids, prompt_table, prompt_tasks, max_new_tokens, num_beams, task_vocab_size, end_id, pad_id
         )
@@ -187,7 +191,7 @@ class TRTLLMRunner:
             top_k=top_k,
             top_p=top_p,
             length_penalty=length_penalty,
-            early_stopping=int(early_stopping),
+            early_stopping=EARLY_STOPPING[early_stopping],
             repetition_penalty=repetition_penalty,
         )
         if stop_words is not None:
