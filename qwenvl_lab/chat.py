@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from .checks.tensors import as_id_list, parse_tasks, to_torch_dtype
+from .checks.tensors import INT32_MAX, dtype_name, to_torch_dtype
 from .checks.values import check_int
 from .files import field, read_json
+from .limits import BuildConfig
 from .prompt_table import per_request_tables
-from .requests import check_sampling
+from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig
 from .tokenizing import (
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -37,6 +38,7 @@ from .vision import load_image
 SYSTEM = "You are a helpful assistant."
 STOP_IDS = (IM_END_ID, IM_START_ID)  # Qwen-VL-Chat's stop words: the end of its turn, or the start of another
 SPAN_NAME = "picture{k}.png"  # the path written into the span of a picture given as an image object
+UNLIMITED = INT32_MAX  # ModelAsRunner's batch, beam and table limits: none
 
 
 def picture_name(picture, k: int) -> str:
@@ -183,68 +185,67 @@ def ask(
     return answer, history + [(query, answer)]
 
 
-class ModelAsRunner:
-    """A QWenLMHeadModel behind the runners' `generate`: transformers' generate on the left-padded batch.
+class ModelAsRunner(Runner):
+    """A QWenLMHeadModel behind the runners' `generate` (requests.Runner): transformers' generate on the left-padded
+    batch, the reference the engines are compared with.
 
-    The reference the engines are compared with. Image spans may hold fake ids (with a prompt table) or the
-    pictures' paths (the model then reads them itself, Qwen-VL's original way).
+    Image spans may hold fake ids (with a prompt table) or the pictures' paths (the model then reads them itself,
+    Qwen-VL's original way). Its limits are the model's: seq_length ids in all, no batch, beam or table limit.
     """
 
-    def __init__(self, model):
-        self.model = model
-        self.vocab_size, self.dtype, self.max_seq_len = model.config.vocab_size, model.dtype, model.config.seq_length
+    path_spans = True
 
-    def generate(
-        self,
-        batch_input_ids,
-        prompt_table=None,
-        prompt_tasks=None,
-        max_new_tokens: int = 64,
-        end_id: int = IM_END_ID,
-        pad_id: int = IM_END_ID,
-        num_beams: int = 1,
-        temperature: float = 1.0,
-        top_k: int = 1,
-        top_p: float = 0.0,
-        random_seed=None,
-        return_dict: bool = False,
-        task_vocab_size=None,
-    ):
-        """output_ids [B, 1 or beams, max input + max_new_tokens] in the engines' layout (ids, new tokens, pad_id)."""
-        greedy = check_sampling(temperature, top_k, top_p, random_seed=random_seed)
-        ids = as_id_list(batch_input_ids)
-        device = self.model.device
+    def __init__(self, model):
+        config = model.config
+        self.model, self.vocab_size, self.hidden_size, self.dtype = (
+            model,
+            config.vocab_size,
+            config.hidden_size,
+            model.dtype,
+        )
+        self.build_config = BuildConfig(
+            max_batch_size=UNLIMITED,
+            max_input_len=config.seq_length,
+            max_seq_len=config.seq_length,
+            max_prompt_embedding_table_size=UNLIMITED,
+            dtype=dtype_name(model.dtype),
+            max_beam_width=UNLIMITED,
+        )
+        self.max_input_len, self.max_seq_len, self.max_request_rows = config.seq_length, config.seq_length, None
+        self.turn = OneGeneration()
+
+    def steps(self, request: CheckedRequest, max_new_tokens: int, sampling: SamplingConfig, streaming: bool):
+        """transformers' generate on the request, in one step (stop words cut each answer after the first it ends
+        with, as stopping there would: greedy and seeded decoding draw the same tokens before it)."""
+        beams = sampling.num_beams
+        if sampling.repetition_penalty != 1.0 or (beams > 1 and request.stop_words is not None):
+            raise ValueError(
+                "ModelAsRunner applies neither repetition_penalty (transformers' processor would read fake prompt "
+                "ids and padding as vocabulary ids) nor stop_words_list with num_beams > 1: use the engine's "
+                "ModelRunner for those"
+            )
+        ids, device = request.ids, self.model.device
         width = max(len(seq) for seq in ids)
-        input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+        input_ids = torch.full((len(ids), width), sampling.pad_id, dtype=torch.long)
         mask = torch.zeros(len(ids), width, dtype=torch.long)
         for i, seq in enumerate(ids):
             input_ids[i, width - len(seq) :], mask[i, width - len(seq) :] = seq, 1  # left padding
         table = {}
-        if prompt_table is not None:
-            rows = (
-                prompt_table.shape[1]
-                if prompt_table.dim() == 3
-                else (
-                    prompt_table.shape[0]
-                    if task_vocab_size is None
-                    else int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
-                )
-            )
-            tables = prompt_table.shape[0] if prompt_table.dim() == 3 else -(-prompt_table.shape[0] // rows)
-            default = list(range(len(ids))) if prompt_table.dim() == 3 and tables > 1 else [0] * len(ids)
-            tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), "prompt_tasks", tables)
+        if request.table is not None:
             table = dict(
-                prompt_table=prompt_table.reshape(-1, prompt_table.shape[-1]).to(device, self.dtype),
-                tasks=torch.tensor(tasks, dtype=torch.int32, device=device),
-                task_vocab_size=rows,
+                prompt_table=request.table.to(device),
+                tasks=torch.tensor(request.tasks, dtype=torch.int32, device=device),
+                task_vocab_size=request.task_vocab_size,
             )
         knobs = (
             dict(do_sample=False)
-            if greedy
-            else dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p if top_p > 0 else 1.0)
+            if sampling.greedy
+            else dict(
+                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0
+            )
         )
-        if random_seed is not None:
-            torch.manual_seed(random_seed)
+        if sampling.random_seed is not None:
+            torch.manual_seed(sampling.random_seed)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids.to(device),
@@ -252,21 +253,28 @@ class ModelAsRunner:
                 **table,
                 **knobs,
                 max_new_tokens=max_new_tokens,
-                num_beams=num_beams,
-                num_return_sequences=num_beams,
-                eos_token_id=end_id if end_id >= 0 else None,
-                pad_token_id=pad_id,
+                num_beams=beams,
+                num_return_sequences=beams,
+                length_penalty=sampling.length_penalty,
+                early_stopping=sampling.early_stopping,
+                eos_token_id=sampling.end_id if sampling.end_id >= 0 else None,
+                pad_token_id=sampling.pad_id,
             )
-        new = out[:, width:].reshape(len(ids), num_beams, -1).cpu()  # [B, beams, ≤ new]
-        output_ids = torch.full((len(ids), num_beams, width + max_new_tokens), pad_id, dtype=torch.int32)
-        lengths = torch.zeros(len(ids), num_beams, dtype=torch.int32)
-        for i, seq in enumerate(ids):
-            for j in range(num_beams):
-                ends = torch.nonzero(new[i, j] == end_id) if end_id >= 0 else []
-                n = int(ends[0]) + 1 if len(ends) else new.shape[2]
-                output_ids[i, j, : len(seq)], output_ids[i, j, len(seq) : len(seq) + n] = seq, new[i, j, :n]
-                lengths[i, j] = len(seq) + n
-        return {"output_ids": output_ids, "sequence_lengths": lengths} if return_dict else output_ids
+        new = out[:, width:].reshape(len(ids), beams, -1).cpu()  # [B, beams, ≤ new]
+        generated = torch.full((len(ids), beams), new.shape[2], dtype=torch.long)
+        if sampling.end_id >= 0:  # each row up to its first end_id, which it keeps
+            ends = new == sampling.end_id
+            first = ends.int().argmax(dim=2)  # [B, beams]
+            generated = torch.where(ends.any(dim=2), first + 1, generated)
+        for r, words in enumerate(request.stop_words or []):
+            tail = new[r, 0, : int(generated[r, 0])].tolist()
+            ends = [
+                t
+                for t in range(1, len(tail) + 1)
+                if any(len(w) <= t and tuple(tail[t - len(w) : t]) == w for w in words)
+            ]
+            generated[r, 0] = min(ends, default=len(tail))
+        return iter([(new, generated)])
 
 
 @dataclass(frozen=True)
@@ -283,7 +291,12 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()  # the answer ends before the first of these strings
 
     def __post_init__(self):
-        check_sampling(self.temperature, self.top_k, self.top_p, repetition_penalty=self.repetition_penalty)
+        SamplingConfig(  # the runners' check of the knobs
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+        )
         check_int("max_new_tokens", self.max_new_tokens, 1)
         if isinstance(self.stop, str) or not all(isinstance(w, str) and w for w in self.stop):
             raise TypeError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")

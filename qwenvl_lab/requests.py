@@ -1,12 +1,16 @@
-"""Requests — one check of a batch of requests against an engine, shared by the engine's runner and TRTLLMRunner.
+"""The runner interface — TensorRT-LLM's `generate` contract, shared by the engine's ModelRunner, TRTLLMRunner and
+chat.ModelAsRunner.
 
-A request is a 1-D tensor of token ids; ids >= vocab_size are fake prompt ids that read the prompt table. Every
-limit fixed at build time, every id, the table's shape, dtype and values, and the tasks are checked here, before
-any cast or kernel sees them, so that both runners refuse the same inputs with the same messages. Both runners serve
-one generation at a time (`OneGeneration`) and stream the same way (`GenerationStream`).
+A request is a 1-D tensor of token ids; ids >= vocab_size are fake prompt ids that read the prompt table. `Runner`
+holds the one `generate`: its sampling settings become a `SamplingConfig`, the batch goes through `check_request`
+(every limit fixed at build time, every id, the table's shape, dtype and values, the tasks), then a runner's own
+`steps` produce the new tokens and `build_outputs` lays them out the engines' way, so that every runner refuses the
+same inputs with the same messages and answers in one layout. A runner serves one generation at a time
+(`OneGeneration`) and streams the same way (`GenerationStream`).
 """
 
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +20,7 @@ from .checks.values import check_choice, check_int, check_number, is_int
 from .img_pos import locate_img_pos
 from .limits import BuildConfig
 from .prompt_table import runtime_prompt_table, table_rows, table_size
-from .tokenizing import IMAGE_START_ID
+from .tokenizing import IM_END_ID, IMAGE_START_ID
 
 
 def is_greedy(top_k: int, top_p: float) -> bool:
@@ -24,25 +28,44 @@ def is_greedy(top_k: int, top_p: float) -> bool:
     return top_k == 1 or (top_k == 0 and top_p == 0.0)
 
 
-def check_sampling(
-    temperature=1.0,
-    top_k=1,
-    top_p=0.0,
-    length_penalty=1.0,
-    random_seed=None,
-    repetition_penalty=1.0,
-    early_stopping=False,
-) -> bool:
-    """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
-    check_number("temperature", temperature, 0, open_minimum=True)
-    check_int("top_k", top_k, 0)
-    check_number("top_p", top_p, 0, 1)
-    check_number("length_penalty", length_penalty)
-    check_number("repetition_penalty", repetition_penalty, 0, open_minimum=True)
-    check_choice("early_stopping", early_stopping, (True, False, "never"))
-    if random_seed is not None:
-        check_int("random_seed", random_seed, 0, 2**63 - 1)
-    return is_greedy(top_k, top_p)
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How one `generate` call draws its tokens, under TensorRT-LLM's SamplingConfig names.
+
+    Greedy is top_k 1 (or top_k 0 with top_p 0); otherwise temperature, top_k (0: off) and top_p sample.
+    repetition_penalty follows transformers' rule (1: off). num_beams > 1 is beam search, which does not sample, with
+    length_penalty and early_stopping (True, False or "never", as in transformers). end_id and pad_id are checked
+    against the runner's vocabulary by `check_request` (end_id -1: never stop).
+    """
+
+    end_id: int = IM_END_ID
+    pad_id: int = IM_END_ID
+    num_beams: int = 1
+    temperature: float = 1.0
+    top_k: int = 1
+    top_p: float = 0.0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    random_seed: int | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        check_int("num_beams", self.num_beams, 1)
+        check_number("temperature", self.temperature, 0, open_minimum=True)
+        check_int("top_k", self.top_k, 0)
+        check_number("top_p", self.top_p, 0, 1)
+        check_number("length_penalty", self.length_penalty)
+        check_choice("early_stopping", self.early_stopping, (True, False, "never"))
+        if self.random_seed is not None:
+            check_int("random_seed", self.random_seed, 0, 2**63 - 1)
+        check_number("repetition_penalty", self.repetition_penalty, 0, open_minimum=True)
+        if self.num_beams > 1 and not self.greedy:
+            raise ValueError("beam search picks the best beams, it does not sample: leave top_k=1 with num_beams > 1")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the knobs mean greedy decoding."""
+        return is_greedy(self.top_k, self.top_p)
 
 
 def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[list[tuple[int, ...]]] | None:
@@ -78,6 +101,7 @@ class CheckedRequest:
     task_vocab_size: int  # rows per task block (0 without a table)
     vocab_size: int
     rows: list[torch.Tensor]  # [L_i] each
+    stop_words: list[list[tuple[int, ...]]] | None = None  # per request, its stop sequences
 
     def rows_read(self, i: int) -> torch.Tensor:
         """The table rows request i reads, in the order of its fake ids: [n]."""
@@ -150,13 +174,15 @@ def check_request(
     pad_id=0,
     in_flight: bool = False,
     path_spans: bool = False,
+    stop_words_list=None,
 ) -> CheckedRequest:
     """Check a batch against an engine built with `build` (its vocabulary and hidden sizes given) before it runs.
 
     in_flight=False: the batch shares one table of at most max_prompt_embedding_table_size rows (the engine's
     ModelRunner, run.py's Python session). in_flight=True: each request gets its own table of at most
     max_prompt_embedding_table_size / max_batch_size rows (ModelRunnerCpp's in-flight batching). path_spans=True: image
-    spans may hold a picture's path (a runner that reads pictures itself).
+    spans may hold a picture's path (a runner that reads pictures itself). stop_words_list: TensorRT-LLM's, one list of
+    token-id sequences per request.
     """
     ids = as_id_list(batch_input_ids)
     check_limits(build, ids, max_new_tokens, num_beams)
@@ -177,7 +203,8 @@ def check_request(
             )
     if not path_spans:
         check_spans_hold_fake_ids(ids, vocab_size)
-    checked = CheckedRequest(ids, table, tasks, tvs, vocab_size, rows)
+    stop_words = check_stop_words(stop_words_list, len(ids), vocab_size)
+    checked = CheckedRequest(ids, table, tasks, tvs, vocab_size, rows, stop_words)
     if table is not None and in_flight:
         own = checked.own_tables().shape[1]
         if own > build.rows_per_request:
@@ -244,6 +271,143 @@ def _table_of(build: BuildConfig, vocab_size: int, hidden_size: int, ids, prompt
     tasks = [0] * len(ids) if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), "prompt_tasks", num_tables)
     where = [table_size(table, t, tvs) for t in tasks]
     return table, tasks, tvs, [len(table)] * len(ids), where
+
+
+def build_outputs(ids: list[torch.Tensor], new_ids, generated, pad_id: int, max_new_tokens: int, return_dict: bool):
+    """The runners' outputs: output_ids [B, beams, max input + max_new_tokens] — each row the request's ids, its new
+    tokens (new_ids [B, beams, t], the first generated [B, beams] of them), then pad_id — and, with return_dict,
+    sequence_lengths [B, beams]."""
+    b, beams = new_ids.shape[:2]
+    width = max(len(seq) for seq in ids) + max_new_tokens
+    output_ids = torch.full((b, beams, width), pad_id, dtype=torch.int32, device=new_ids.device)
+    for r, seq in enumerate(ids):
+        output_ids[r, :, : len(seq)] = seq.to(torch.int32)
+        for j in range(beams):
+            n = int(generated[r, j])
+            output_ids[r, j, len(seq) : len(seq) + n] = new_ids[r, j, :n].to(torch.int32)
+    if not return_dict:
+        return output_ids
+    lengths = torch.tensor([[len(seq)] for seq in ids], device=new_ids.device) + generated
+    return {"output_ids": output_ids, "sequence_lengths": lengths.to(torch.int32)}
+
+
+def new_tokens(outputs: dict, request: int, input_len: int, beam: int = 0) -> list[int]:
+    """The ids a runner generated for one request (beam `beam`), the end id that stopped it included: its row of
+    output_ids from `input_len` (the request's length) up to its sequence length (run.py slices output_ids alike)."""
+    return outputs["output_ids"][request, beam, input_len : int(outputs["sequence_lengths"][request, beam])].tolist()
+
+
+class Runner:
+    """TensorRT-LLM's `generate` contract, the same for every runner. A runner sets `build_config` (its limits),
+    `vocab_size`, `hidden_size`, `dtype` (a prompt table's), `max_input_len`, `max_seq_len`, `max_request_rows` (the
+    table rows one request may read) and `turn` (its OneGeneration), and writes `steps`: the new tokens of a checked
+    request."""
+
+    in_flight = False  # True: each request gets its own table of rows_per_request rows (ModelRunnerCpp)
+    path_spans = False  # True: image spans may hold a picture's path (a runner that reads pictures itself)
+
+    @property
+    def busy(self) -> bool:
+        """True while a generation runs or a streaming generation is open."""
+        return self.turn.busy
+
+    def check_request(
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        task_vocab_size=None,
+        max_new_tokens: int = 64,
+        sampling: SamplingConfig = SamplingConfig(),
+        stop_words_list=None,
+    ) -> CheckedRequest:
+        """The batch checked against this runner's limits, vocabulary and hidden size (`check_request`)."""
+        return check_request(
+            self.build_config,
+            self.vocab_size,
+            self.hidden_size,
+            batch_input_ids,
+            prompt_table,
+            prompt_tasks,
+            task_vocab_size,
+            max_new_tokens,
+            sampling.num_beams,
+            sampling.end_id,
+            sampling.pad_id,
+            self.in_flight,
+            self.path_spans,
+            stop_words_list,
+        )
+
+    def generate(  # noqa: PLR0913 — TensorRT-LLM's ModelRunner.generate keywords, as the course teaches them
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens: int = 64,
+        end_id: int = IM_END_ID,
+        pad_id: int = IM_END_ID,
+        num_beams: int = 1,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float = 0.0,
+        length_penalty: float = 1.0,
+        early_stopping=False,
+        random_seed=None,
+        streaming: bool = False,
+        return_dict: bool = False,
+        task_vocab_size=None,
+        repetition_penalty: float = 1.0,
+        stop_words_list=None,
+    ):
+        """Generate for a batch of requests (list of 1-D ids): output_ids [B, beams, max input + max_new_tokens].
+
+        Each row holds the request's ids, then its new tokens (the end_id or stop word that stopped it included), then
+        pad_id. prompt_table, as TensorRT-LLM's runners take it: [rows, H] (with prompt_tasks "0,0,…" and
+        task_vocab_size) or [tables, rows, H] (task_vocab_size = rows; tasks default to table r for request r, or
+        table 0 when there is one). The sampling knobs are SamplingConfig's. stop_words_list (one list of token-id
+        sequences per request) stops a request once its new tokens end with one of them. streaming=True returns a
+        GenerationStream of the same outputs after every step; return_dict=True gives {"output_ids",
+        "sequence_lengths"}. Threads may share a runner: a call waits for the generation running (one at a time), and
+        is refused while a streaming generation is open. On a tensor-parallel rank other than 0 it returns None.
+        """
+        sampling = SamplingConfig(
+            end_id=end_id,
+            pad_id=pad_id,
+            num_beams=num_beams,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            random_seed=random_seed,
+            repetition_penalty=repetition_penalty,
+        )
+        request = self.check_request(
+            batch_input_ids, prompt_table, prompt_tasks, task_vocab_size, max_new_tokens, sampling, stop_words_list
+        )
+        self.turn.begin(streaming)  # threads wait their turn; refused while a stream is open
+        stream = None
+        try:
+            steps = self.steps(request, max_new_tokens, sampling, streaming)
+            if steps is None:  # a rank that gets no outputs (tensor parallelism)
+                return None
+
+            def outputs(step):
+                return build_outputs(request.ids, *step, sampling.pad_id, max_new_tokens, return_dict)
+
+            if streaming:
+                stream = GenerationStream(steps, outputs, self.turn)
+                return stream
+            return outputs(deque(steps, maxlen=1)[0])  # run every step, keep the last one's tokens
+        finally:
+            if stream is None:  # else the stream frees the runner when it ends
+                self.turn.end()
+
+    def steps(self, request: CheckedRequest, max_new_tokens: int, sampling: SamplingConfig, streaming: bool):
+        """The new tokens of a checked request, as (new_ids [B, beams, t], generated [B, beams]) after each step
+        (or only the last), or None on a rank that gets no outputs."""
+        raise NotImplementedError
 
 
 BUSY = "a streaming generation still holds this runner's KV cache: exhaust it or close() it first"

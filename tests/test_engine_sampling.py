@@ -8,7 +8,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from qwenvl_lab.engine import ModelRunner
 from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, sample_tokens
-from qwenvl_lab.requests import check_sampling
+from qwenvl_lab.requests import SamplingConfig
 
 PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30])]
 
@@ -32,8 +32,9 @@ def test_filter_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p):
 
 
 def test_greedy_knobs():
-    assert check_sampling(1.0, 1, 0.0) and check_sampling(0.5, 0, 0.0)  # TensorRT-LLM: top_k 1, or top_k 0, top_p 0
-    assert not check_sampling(1.0, 0, 0.3) and not check_sampling(1.0, 2, 0.0)
+    greedy = [SamplingConfig(top_k=1).greedy, SamplingConfig(temperature=0.5, top_k=0, top_p=0.0).greedy]
+    assert greedy == [True, True]  # TensorRT-LLM: top_k 1, or top_k 0 with top_p 0
+    assert not SamplingConfig(top_k=0, top_p=0.3).greedy and not SamplingConfig(top_k=2).greedy
     logits = torch.randn(3, 50)
     assert torch.equal(sample_tokens(logits, 1.0, 1, 0.0), logits.argmax(-1))
 
