@@ -1,12 +1,14 @@
-"""Notebook 06 — the chat: pictures and a question (after earlier turns) in, an answer out, for any runner.
+"""Notebook 06 — the answer path: pictures and a question (after earlier turns) in, an answer out, for any runner.
 
-The course's pipeline in one place: `make_context` → `img_pos` → fake prompt ids → the prompt table (one per
-request, TensorRT-LLM's in-flight convention) → `generate` → the answer, cut at the first stop id and decoded.
+Every answer of the package takes this one path: `make_prompt` (the turn's query carries its pictures, a history its
+own) → `engine_inputs` (each request's pictures, in the order of its image spans, through the vision encoder; fake
+ids and one table per request, TensorRT-LLM's in-flight convention) → the runner's `generate` → `answers` (each
+request's new ids up to the first stop id, decoded). `ask_batch` and `ask` run it whole, `Conversation` streams it
+turn after turn.
 
-A runner is anything with TensorRT-LLM's `generate(batch_input_ids, prompt_table=, prompt_tasks=, max_new_tokens=,
-end_id=, pad_id=, return_dict=True, …)` and `vocab_size` / `dtype` attributes: the engine's ModelRunner,
-TRTLLMRunner, or `ModelAsRunner` around a QWenLMHeadModel. A vision encoder is anything with
-`encode(pictures) -> input_vit [N, 256, H]`: the model's tower, OnnxVisualEncoder, TRTVisualEncoder.
+A runner is any `requests.Runner`: the engine's ModelRunner, TRTLLMRunner, or `ModelAsRunner` around a
+QWenLMHeadModel. A vision encoder is anything with `encode(pictures) -> input_vit [N, 256, H]`: the model's tower,
+OnnxVisualEncoder, TRTVisualEncoder.
 """
 
 import codecs
@@ -14,6 +16,7 @@ import hashlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -22,7 +25,7 @@ from .checks.values import check_int
 from .files import field, read_json
 from .limits import BuildConfig
 from .prompt_table import per_request_tables
-from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig
+from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, new_tokens
 from .tokenizing import (
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -103,6 +106,82 @@ def answer_text(tokenizer: QWenTokenizer, new_ids) -> str:
     return tokenizer.decode(new_ids[:end])
 
 
+class EngineInputs(NamedTuple):
+    """A batch's inputs for a runner's `generate`, under TensorRT-LLM's names: each request's image spans hold fake ids
+    from vocab_size on, reading its own block of the table (in-flight batching's convention)."""
+
+    batch_input_ids: list[torch.Tensor]  # [L_r] each
+    prompt_table: torch.Tensor | None  # [B · rows, H] in the runner's dtype, None without pictures
+    prompt_tasks: torch.Tensor | None  # [B] int32: request r reads block r
+    task_vocab_size: torch.Tensor | None  # [1] int32: rows a block (as run.py's ptuning_setup gives it)
+
+
+def prompt_inputs(runner, prompts, input_vit=None) -> EngineInputs:
+    """Engine inputs of context ids (prompts [B] of lists of ids) whose image spans stand for input_vit's pictures
+    [N, rows, H], request after request, span after span (None: the spans keep their paths)."""
+    batch = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
+    )  # [B, L]
+    if input_vit is None:
+        return EngineInputs([batch[r, : len(ids)] for r, ids in enumerate(prompts)], None, None, None)
+    fake_ids, table, tasks, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)  # [B, L], [B·rows, H]
+    requests = [fake_ids[r, : len(ids)] for r, ids in enumerate(prompts)]
+    rows = torch.tensor([rows], dtype=torch.int32)
+    return EngineInputs(requests, table.to(to_torch_dtype(runner.dtype)), tasks, rows)
+
+
+def engine_inputs(
+    runner, vision, tokenizer: QWenTokenizer, questions, history=None, system: str = SYSTEM, input_vit=None
+):
+    """Engine inputs of a batch of (pictures, question) pairs, each after the same history.
+
+    Each request's pictures (the history's kept turns' first, then its own) go through `vision`, every distinct
+    picture once, unless `input_vit` [N, 256, H] gives their features, request after request in that order. With
+    vision=None and no input_vit the image spans keep their paths, for a runner that reads pictures itself
+    (`ModelAsRunner`: Qwen-VL's original way).
+    """
+    history = [] if history is None else list(history)
+    turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
+    earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
+    pictures = [p for query, ids in turns for p in context_pictures(query.pictures, earlier, ids)]  # in span order
+    if pictures and vision is None and input_vit is None:
+        image = next((k for k, p in enumerate(pictures) if not isinstance(p, (str, os.PathLike))), None)
+        if image is not None:
+            raise ValueError(
+                f"picture {image + 1} is an image, not a file: give a vision encoder (vision=…) or its features "
+                "(input_vit=…); only a path in an image span can be read by the model itself"
+            )
+    elif pictures and input_vit is None:
+        distinct = {id(p): p for p in pictures}  # a history's pictures are shared by every request: encoded once
+        with torch.inference_mode():
+            encoded = dict(zip(distinct, vision.encode(list(distinct.values()))))  # id → [256, H]
+        input_vit = torch.stack([encoded[id(p)] for p in pictures])  # [N, 256, H]
+    return prompt_inputs(runner, [ids for _, ids in turns], input_vit if pictures else None)
+
+
+def answers(tokenizer: QWenTokenizer, outputs, inputs: EngineInputs) -> list:
+    """Each request's answer in a runner's outputs (beam 0): its new ids up to the first stop id, decoded; on a
+    tensor-parallel rank other than 0 (no outputs) None for each."""
+    requests = inputs.batch_input_ids
+    if outputs is None:  # TensorRT-LLM gives the outputs to rank 0 only
+        return [None] * len(requests)
+    return [answer_text(tokenizer, new_tokens(outputs, r, len(ids))) for r, ids in enumerate(requests)]
+
+
+def answer_inputs(runner, tokenizer: QWenTokenizer, inputs: EngineInputs, max_new_tokens: int = 64, **sampling) -> list:
+    """The answers of a runner to engine inputs, Qwen-VL-Chat's way: greedy unless `sampling` says otherwise, each
+    ending at <|im_end|>."""
+    out = runner.generate(
+        **inputs._asdict(),
+        max_new_tokens=max_new_tokens,
+        end_id=IM_END_ID,
+        pad_id=IM_END_ID,
+        return_dict=True,
+        **sampling,
+    )
+    return answers(tokenizer, out, inputs)
+
+
 def ask_batch(
     runner,
     vision,
@@ -113,55 +192,11 @@ def ask_batch(
     input_vit=None,
     max_new_tokens: int = 64,
     **sampling,
-) -> list[str]:
-    """Answers to a batch of (pictures, question) pairs, each after the same history.
-
-    Each request's pictures (the history's kept turns' first, then its own) go through `vision`, every distinct
-    picture once, unless `input_vit` [N, 256, H] gives their features, request after request in that order. With
-    vision=None and no input_vit the image spans keep their paths and the runner must read the pictures itself
-    (`ModelAsRunner`: Qwen-VL's original way). On a tensor-parallel rank other than 0 (no outputs there) every answer
-    is None.
-    """
-    history = [] if history is None else list(history)
-    turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
-    prompts = [ids for _, ids in turns]
-    earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
-    pictures = [context_pictures(query.pictures, earlier, ids) for query, ids in turns]  # [B][n_r], in span order
-    batch = torch.nn.utils.rnn.pad_sequence(
-        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
-    )  # [B, L]
-    flat, table = [p for ps in pictures for p in ps], None
-    if flat and vision is None and input_vit is None:
-        image = next((k for k, p in enumerate(flat) if not isinstance(p, (str, os.PathLike))), None)
-        if image is not None:
-            raise ValueError(
-                f"picture {image + 1} is an image, not a file: give a vision encoder (vision=…) or its features "
-                "(input_vit=…); only a path in an image span can be read by the model itself"
-            )
-    elif flat:
-        if input_vit is None:
-            distinct = {id(p): p for p in flat}  # a history's pictures are shared by every request: encoded once
-            with torch.inference_mode():
-                encoded = dict(zip(distinct, vision.encode(list(distinct.values()))))  # id → [256, H]
-            input_vit = torch.stack([encoded[id(p)] for p in flat])  # [N, 256, H]
-        batch, rows_flat, _, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)
-        table = rows_flat.view(len(questions), rows, -1).to(to_torch_dtype(runner.dtype))  # [B, rows, H]
-    requests = [batch[r, : len(ids)] for r, ids in enumerate(prompts)]
-    out = runner.generate(
-        requests,
-        prompt_table=table,
-        max_new_tokens=max_new_tokens,
-        end_id=IM_END_ID,
-        pad_id=IM_END_ID,
-        return_dict=True,
-        **sampling,
-    )
-    if out is None:  # a tensor-parallel rank other than 0: TensorRT-LLM gives the outputs to rank 0 only
-        return [None] * len(questions)
-    return [
-        answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])].tolist())
-        for r, ids in enumerate(prompts)
-    ]
+) -> list:
+    """The answer path: answers to a batch of (pictures, question) pairs, each after the same history, through any
+    runner (`engine_inputs`, then one `generate`, then `answers`)."""
+    inputs = engine_inputs(runner, vision, tokenizer, questions, history, system, input_vit)
+    return answer_inputs(runner, tokenizer, inputs, max_new_tokens, **sampling)
 
 
 def ask(
@@ -362,8 +397,7 @@ def picture_key(picture) -> str:
 def prompt_limits(runner) -> tuple[int, int | None]:
     """(most ids, most prompt-table rows) one request may send to a runner and still get an answer: its max_input_len
     (at most max_seq_len − 1, room for one new token) and the table rows it accepts per request (None: no limit)."""
-    most_ids = min(getattr(runner, "max_input_len", runner.max_seq_len), runner.max_seq_len - 1)
-    return most_ids, getattr(runner, "max_request_rows", None)
+    return min(runner.max_input_len, runner.max_seq_len - 1), runner.max_request_rows
 
 
 class Conversation:
@@ -411,17 +445,12 @@ class Conversation:
         if new:
             with torch.inference_mode():
                 features.update(zip(new, self.vision.encode(list(new.values())).cpu()))  # [256, H] each
-        ids = torch.tensor(ids)[None]  # [1, L]
-        table = None
-        if in_context:
-            ids, flat, _, rows = per_request_tables(
-                ids, torch.stack([features[k] for k in in_context]), self.runner.vocab_size
-            )
-            table = flat.view(1, rows, -1).to(to_torch_dtype(self.runner.dtype))  # [1, rows, H]
+        inputs = prompt_inputs(
+            self.runner, [ids], torch.stack([features[k] for k in in_context]) if in_context else None
+        )
         steps = self.runner.generate(
-            [ids[0]],
-            prompt_table=table,
-            max_new_tokens=min(settings.max_new_tokens, self.runner.max_seq_len - ids.shape[1]),
+            **inputs._asdict(),
+            max_new_tokens=min(settings.max_new_tokens, self.runner.max_seq_len - len(ids)),
             end_id=IM_END_ID,
             pad_id=IM_END_ID,
             stop_words_list=[[(IM_START_ID,)]],
@@ -431,12 +460,12 @@ class Conversation:
         )
         # the engine took the turn: from here on it joins the conversation
         self.features, self.pictures = features, self.pictures + pictures
-        self.left_out = len(self.history) - (int((ids[0] == IM_START_ID).sum()) - 3) // 2  # 2 <|im_start|> a turn
-        text, total, shown, seen = TextStream(self.tokenizer), "", 0, ids.shape[1]
+        self.left_out = len(self.history) - (ids.count(IM_START_ID) - 3) // 2  # 2 <|im_start|> a turn
+        text, total, shown, seen = TextStream(self.tokenizer), "", 0, len(ids)
         try:
             for out in steps:
-                end = int(out["sequence_lengths"][0, 0])
-                new_ids, seen = out["output_ids"][0, 0, seen:end].tolist(), end
+                new_ids = new_tokens(out, 0, seen)
+                seen += len(new_ids)
                 ended = any(i in STOP_IDS for i in new_ids)
                 total += "".join(text.push(i) for i in new_ids if i not in STOP_IDS) + (text.flush() if ended else "")
                 total, ended, safe = _cut_at_stop(total, settings.stop, ended)

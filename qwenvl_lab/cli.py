@@ -89,7 +89,7 @@ def ask_main(argv=None) -> int:
     from .tokenizing import load_tokenizer
 
     if args.engine:
-        from .engine import QWenInfer
+        from .infer import QWenInfer
 
         infer = QWenInfer.from_dir(args.engine, device=args.device)
         answer, _ = infer.qwen_infer(images, args.question, max_new_tokens=args.max_new_tokens)
@@ -166,7 +166,7 @@ def chat_main(argv=None, read=input, write=print) -> int:
     if read is input and (sys.stdin is None or sys.stdin.closed):
         raise ValueError(CLOSED_STDIN)
     from .chat import Conversation, GenerationSettings
-    from .engine import QWenInfer
+    from .infer import QWenInfer
     from .resources import output_dir
     from .toy import course_engine
     from .vision import load_image

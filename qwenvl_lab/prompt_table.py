@@ -8,6 +8,7 @@ import torch
 from .checks.tensors import (
     as_batch,
     check_features,
+    check_features_shape,
     check_image_count,
     check_lookup_inputs,
     check_rows_per_request,
@@ -87,9 +88,10 @@ def images_per_row(img_pos: torch.Tensor, batch_size: int) -> list[int]:
 def single_table_batch(input_ids, input_vit: torch.Tensor, vocab_size: int, image_start_id: int = IMAGE_START_ID):
     """Python-session convention: one table, ids increase over all images, tasks all 0."""
     input_ids = as_batch(input_ids)
-    img_pos = locate_img_pos(input_ids, image_start_id)
+    check_features_shape(input_vit)  # [N, rows, H]
+    img_pos = locate_img_pos(input_ids, image_start_id, input_vit.shape[1])  # [N, 3]: one id a row in each span
     check_image_count(img_pos, input_vit)
-    fake_prompt_id = make_fake_prompt_ids(vocab_size, input_vit.shape[0], input_vit.shape[1])  # [N, 256]
+    fake_prompt_id = make_fake_prompt_ids(vocab_size, input_vit.shape[0], input_vit.shape[1])  # [N, rows]
     ids = replace_image_spans(input_ids, img_pos, fake_prompt_id)
     prompt_table = input_vit.reshape(-1, input_vit.shape[-1])  # [N*256, H]
     tasks = torch.zeros(input_ids.shape[0], dtype=torch.int32)
@@ -112,7 +114,8 @@ def per_request_tables(
     TensorRT-LLM's Python ModelRunner), not the one the C++ executor builds.
     """
     input_ids = as_batch(input_ids)
-    img_pos = locate_img_pos(input_ids, image_start_id)
+    check_features_shape(input_vit)  # [N, rows, H]
+    img_pos = locate_img_pos(input_ids, image_start_id, input_vit.shape[1])  # [N, 3]: one id a row in each span
     check_image_count(img_pos, input_vit)
     span = input_vit.shape[1]
     counts = images_per_row(img_pos, input_ids.shape[0])

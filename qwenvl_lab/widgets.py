@@ -10,11 +10,10 @@ import torch
 from PIL import Image
 
 from . import prompt_table
-from .chat import ModelAsRunner, ask_batch, make_prompt
+from .chat import ModelAsRunner, answer_inputs, engine_inputs, make_prompt
 from .checks.tensors import as_batch, one_int, parse_tasks
 from .checks.values import is_int
 from .grounding import draw_boxes, parse_boxes, to_list_format
-from .prompt_table import single_table_batch
 from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
 from .vision import load_image
 
@@ -352,19 +351,10 @@ def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: i
     """Ids, prompt table and greedy answer for one picture (path or PIL image) and one question."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError("type a question, e.g. 图片里是什么？")
-    _, ids = make_prompt(tokenizer, question, [picture])  # [L]
-    with torch.inference_mode():
-        input_vit = model.transformer.visual.encode([picture]).to(model.dtype)  # [1, 256, H]
-    fake_ids, prompt_table, _, _ = single_table_batch(torch.tensor([ids]), input_vit, model.config.vocab_size)
-    [answer] = ask_batch(
-        ModelAsRunner(model),
-        None,
-        tokenizer,
-        [([picture], question)],
-        input_vit=input_vit,
-        max_new_tokens=max_new_tokens,
-    )
-    return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
+    runner, (_, ids) = ModelAsRunner(model), make_prompt(tokenizer, question, [picture])  # [L]
+    inputs = engine_inputs(runner, model.transformer.visual, tokenizer, [([picture], question)])
+    [answer] = answer_inputs(runner, tokenizer, inputs, max_new_tokens)
+    return PanelResult(ids, inputs.batch_input_ids[0].tolist(), inputs.prompt_table, answer)
 
 
 UPLOADED = "(the uploaded picture)"  # the dropdown's entry while an upload is the picture

@@ -385,7 +385,13 @@ REFUSED = [
         "features 2-D",
         lambda: per_request_tables(ONE_SPAN, torch.zeros(256, 4), V),
         ValueError,
-        r"1 image spans but input_vit has shape \(256, 4\)",
+        r"input_vit must be \[N, 256, H\], one block .* got shape \(256, 4\)",
+    ),
+    (
+        "rows and spans differ",
+        lambda: single_table_batch(ONE_SPAN, torch.zeros(1, 64, 4), V),
+        ValueError,
+        "holds 256 ids, but a span holds exactly 64 here, one per row",
     ),
     (
         "features a list",

@@ -4,7 +4,8 @@ refusals every runner shares are in tests/test_runners.py)."""
 import pytest
 import torch
 
-from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, generate_for_qwenvl
+from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine
+from qwenvl_lab.infer import generate_for_qwenvl
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_START_ID
 from qwenvl_lab.tokenizing import MODEL_VOCAB_SIZE as V
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from qwenvl_lab.chat import ModelAsRunner
-from qwenvl_lab.engine import ModelRunner, generate_for_qwenvl
+from qwenvl_lab.engine import ModelRunner
+from qwenvl_lab.infer import generate_for_qwenvl
 from qwenvl_lab.requests import SamplingConfig, build_outputs, new_tokens
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID
 from qwenvl_lab.trtllm.runner import TRTLLMRunner, read_engine_config

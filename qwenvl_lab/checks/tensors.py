@@ -194,8 +194,8 @@ def check_image_spans(input_ids, image_start_id: int, span: int) -> torch.Tensor
                 )
             if b - a - 1 != span:
                 raise ValueError(
-                    f"row {row}: the image span <img>@{a} … </img>@{b} holds {b - a - 1} ids, but Qwen-VL spans hold "
-                    f"exactly {span} (path bytes padded with <imgpad>)"
+                    f"row {row}: the image span <img>@{a} … </img>@{b} holds {b - a - 1} ids, but a span holds exactly "
+                    f"{span} here, one per row of its picture's features (Qwen-VL's: 256, path bytes padded with <imgpad>)"
                 )
     return input_ids
 
@@ -256,6 +256,18 @@ def check_span_replacement(input_ids, img_pos, fake_prompt_id) -> tuple[torch.Te
 
 
 # image features and prompt tables
+
+
+def check_features_shape(input_vit) -> None:
+    """Refuse `input_vit` unless it is a tensor [N, rows, H]: one block of feature rows per picture."""
+    if not isinstance(input_vit, torch.Tensor):
+        raise TypeError(
+            f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), got {type(input_vit).__name__}"
+        )
+    if input_vit.dim() != 3:
+        raise ValueError(
+            f"input_vit must be [N, 256, H], one block of feature rows per picture, got shape {tuple(input_vit.shape)}"
+        )
 
 
 def check_image_count(img_pos: torch.Tensor, input_vit) -> None:

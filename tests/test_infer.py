@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwenvl_lab.engine import ModelRunner, QWenInfer
+from qwenvl_lab.engine import ModelRunner
+from qwenvl_lab.infer import QWenInfer
 from qwenvl_lab.tokenizing import IM_END_ID, make_context
 
 NEW_TOKENS = 5
