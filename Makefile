@@ -2,7 +2,8 @@
 #
 #   make lab                 install the course into .venv, copy the notebooks into my-notebooks/, open JupyterLab
 #   make doctor              check the machine: Python, torch, vocabulary, toy model, JupyterLab, disk, memory, GPU
-#   make test                add the test tools, run the unit tests and the course notebooks (make unit, make notebooks)
+#   make test                add the test tools, run every test: the unit tests (slow ones too) and the course notebooks
+#   make unit                the unit tests without those marked slow (a few minutes; make test runs them all)
 #   make browser             the course in JupyterLab in headless Chromium: every notebook run, its widgets driven
 #                            (needs Debian's chromium: apt-get install chromium; adds Playwright for Python to .venv)
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
@@ -109,7 +110,7 @@ lint: $(TEST_STAMP)
 	$(PY) -m ruff format --check qwenvl_lab tests
 
 unit: $(TEST_STAMP)
-	$(PYTEST) -m "not browser" tests
+	$(PYTEST) -m "not browser and not slow" tests
 
 notebooks: $(TEST_STAMP)
 	$(PYTEST) --nbval --nbval-current-env notebooks

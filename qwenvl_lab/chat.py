@@ -24,6 +24,7 @@ from .checks.tensors import INT32_MAX, dtype_name, to_torch_dtype
 from .checks.values import check_int
 from .files import field, read_json
 from .limits import BuildConfig
+from .pictures import load_image
 from .prompt_table import per_request_tables
 from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, new_tokens
 from .tokenizing import (
@@ -36,7 +37,6 @@ from .tokenizing import (
     QWenTokenizer,
     make_context,
 )
-from .vision import load_image
 
 SYSTEM = "You are a helpful assistant."
 STOP_IDS = (IM_END_ID, IM_START_ID)  # Qwen-VL-Chat's stop words: the end of its turn, or the start of another

@@ -167,9 +167,9 @@ def chat_main(argv=None, read=input, write=print) -> int:
         raise ValueError(CLOSED_STDIN)
     from .chat import Conversation, GenerationSettings
     from .infer import QWenInfer
+    from .pictures import load_image
     from .resources import output_dir
     from .toy import course_engine
-    from .vision import load_image
     from .widgets import boxes_picture
 
     infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)

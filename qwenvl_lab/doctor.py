@@ -28,6 +28,7 @@ TORCH_INSTALL = (
 TOY_RESTORE = "`git checkout -- data/toy-qwen-vl` restores the shipped toy model in a clone (else reinstall qwenvl_lab)"
 WIDGETS_EXTENSION = "@jupyter-widgets/jupyterlab-manager"
 SAMPLE_PICTURE = "red_circle.png"  # a sample picture the toy model describes exactly (data/images/README.md)
+TENSORRT_SERIES = "10.14."  # tensorrt_llm 1.2.1 pins tensorrt~=10.14.1 (pyproject.toml's trtllm extra)
 
 
 @dataclass(frozen=True)
@@ -227,16 +228,28 @@ def check_memory() -> Check:
 
 
 def check_tensorrt() -> Check:
-    """TensorRT (visual plans) and TensorRT-LLM (engines), optional: GPU machines only."""
-    found = []
+    """TensorRT (visual plans) and TensorRT-LLM (engines), optional: GPU machines only; a TensorRT other than the one
+    tensorrt_llm 1.2.1 pins cannot load the plans that environment builds."""
+    found = {}
     for name in ("tensorrt", "tensorrt_llm"):
         try:
-            found.append(f"{name} {metadata.version(name)}")
+            found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    if found:
-        return Check("tensorrt", OK, ", ".join(found))
-    return Check("tensorrt", OK, "not installed (optional: NVIDIA GPU machines, docs/tensorrt.md and `make trtllm`)")
+    if not found:
+        return Check(
+            "tensorrt", OK, "not installed (optional: NVIDIA GPU machines, docs/tensorrt.md and `make trtllm`)"
+        )
+    detail = ", ".join(f"{name} {version}" for name, version in found.items())
+    if "tensorrt" in found and not found["tensorrt"].startswith(TENSORRT_SERIES):
+        return Check(
+            "tensorrt",
+            WARN,
+            f"{detail}: a vision plan loads only in the TensorRT that built it, and tensorrt_llm 1.2.1 builds with "
+            f"tensorrt {TENSORRT_SERIES}x",
+            'python -m pip install -e ".[trtllm]" (tensorrt~=10.14.1)',
+        )
+    return Check("tensorrt", OK, detail)
 
 
 CHECKS = (

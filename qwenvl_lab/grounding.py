@@ -34,6 +34,7 @@ from functools import lru_cache
 from PIL import Image, ImageDraw, ImageFont
 
 from .checks.values import is_int, is_number
+from .pictures import load_image
 from .tokenizing import (
     BOX_END_ID,
     BOX_START_ID,
@@ -45,7 +46,6 @@ from .tokenizing import (
     QWenTokenizer,
     decode_image_path,
 )
-from .vision import load_image
 
 TAG_IDS = {REF_START_ID: "<ref>", REF_END_ID: "</ref>", BOX_START_ID: "<box>", BOX_END_ID: "</box>"}
 TAGS = frozenset(TAG_IDS.values())

@@ -14,8 +14,8 @@ from PIL import Image
 
 from .checks.tensors import as_batch
 from .checks.values import check_int
+from .pictures import load_image
 from .tokenizing import IM_END_ID, IM_START_ID, QWenTokenizer, make_context
-from .vision import load_image
 
 # Qwen2-VL's special ids (they follow the 151,643 BPE ranks, like Qwen-VL's); tests/test_qwen2_vl.py checks the ones
 # transformers' Qwen2VLConfig holds against its defaults. 151644 and the token strings are not in Qwen2VLConfig.

@@ -14,8 +14,8 @@ from .chat import ModelAsRunner, answer_inputs, engine_inputs, make_prompt
 from .checks.tensors import as_batch, one_int, parse_tasks
 from .checks.values import is_int
 from .grounding import draw_boxes, parse_boxes, to_list_format
+from .pictures import load_image
 from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
-from .vision import load_image
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
 KIND_COLORS = {

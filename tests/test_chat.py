@@ -11,9 +11,9 @@ import torch
 from qwenvl_lab import chat
 from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, TextStream
 from qwenvl_lab.files import CheckpointError
+from qwenvl_lab.pictures import load_image
 from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID
 from qwenvl_lab.toy import TOY_DIR
-from qwenvl_lab.vision import load_image
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
@@ -95,10 +95,11 @@ def test_a_stream_closed_early_frees_the_engine_and_keeps_what_was_shown(toy):
     assert talk.ask("How many shapes are there?") == "One."
 
 
-def test_im_start_and_im_end_are_stop_words(tokenizer):
-    assert chat.STOP_IDS == (IM_END_ID, IM_START_ID)
-    ids = tokenizer.encode("Blue.") + [IM_START_ID] + tokenizer.encode("user")
-    assert chat.answer_text(tokenizer, ids) == "Blue."
+def test_im_start_and_im_end_end_an_answer(tokenizer):
+    for stop in (IM_END_ID, IM_START_ID):  # the end of the model's turn, or the start of another
+        ids = tokenizer.encode("Blue.") + [stop] + tokenizer.encode("user")
+        assert chat.answer_text(tokenizer, ids) == "Blue."
+    assert chat.answer_text(tokenizer, tokenizer.encode("Blue.") + [151643]) == "Blue.<|endoftext|>"  # not a stop
 
 
 def test_generation_settings_come_from_generation_config(tmp_path):

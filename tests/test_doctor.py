@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import qwenvl_lab
-from qwenvl_lab import doctor, resources, toy
+from qwenvl_lab import doctor, resources
 from qwenvl_lab.doctor import FAIL, OK, WARN, Check
+from qwenvl_lab.toy import course as toy
 
 
 def installed(name: str) -> bool:
@@ -44,10 +45,35 @@ def test_torch_and_gpu_describe_this_machine():
     found = doctor.check_torch()
     assert found.status == OK and found.detail.startswith(torch.__version__)
     assert ("CUDA" in found.detail) == (torch.version.cuda is not None)
-    gpu = doctor.check_gpu()
-    assert gpu.status in (OK, WARN)
-    if torch.cuda.is_available():
-        assert torch.cuda.get_device_name(0) in gpu.detail
+
+
+class FakePath:
+    """pathlib.Path with every file present or none (the NVIDIA driver's /proc file, here)."""
+
+    present = False
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def exists(self):
+        return self.present
+
+
+def test_the_gpu_line_for_each_machine(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(doctor, "Path", FakePath)
+    assert doctor.check_gpu() == Check("gpu", OK, "none: the course runs on the CPU (the GPU parts are skipped)")
+    monkeypatch.setattr(FakePath, "present", True)  # a driver, and a CPU build of torch
+    monkeypatch.setattr(torch.version, "cuda", None)
+    found = doctor.check_gpu()
+    assert found.status == WARN and "torch is a CPU build" in found.detail and "CUDA build of torch" in found.fix
+    card = namedtuple("props", "name total_memory major minor")("NVIDIA H200", 141 * 2**30, 9, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: card)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert doctor.check_gpu() == Check("gpu", OK, "NVIDIA H200 (141.0 GiB, compute 9.0) and 1 more")
 
 
 def test_shipped_vocabulary_passes():
@@ -98,7 +124,6 @@ def test_checkpoint_from_the_environment_is_read_not_loaded(monkeypatch, tmp_pat
 def test_jupyterlab_and_widgets(monkeypatch):
     # what this machine has: the course extra (a learner's machine) or not (the GPU machine's unit-test run)
     assert doctor.check_jupyterlab().status == (OK if installed("jupyterlab") else FAIL)
-    assert doctor.check_widgets().status in (OK, WARN)
 
     def missing(name):
         raise doctor.metadata.PackageNotFoundError(name)
@@ -106,7 +131,22 @@ def test_jupyterlab_and_widgets(monkeypatch):
     monkeypatch.setattr(doctor.metadata, "version", missing)
     lab = doctor.check_jupyterlab()
     assert lab.status == FAIL and 'pip install -e ".[course]"' in lab.fix
-    assert doctor.check_widgets().status == WARN
+    widgets = doctor.check_widgets()
+    assert widgets.status == WARN and "ipywidgets is not installed" in widgets.detail
+
+
+@pytest.mark.skipif(not installed("jupyter_core"), reason="the widgets' extension is looked for with jupyter_core")
+def test_the_widgets_line_finds_their_jupyterlab_extension(monkeypatch, tmp_path):
+    import jupyter_core.paths
+
+    monkeypatch.setattr(doctor.metadata, "version", lambda name: "8.1.5")
+    monkeypatch.setattr(jupyter_core.paths, "jupyter_path", lambda *parts: [str(tmp_path)])
+    found = doctor.check_widgets()
+    assert found.status == WARN and "its JupyterLab extension" in found.detail and "jupyterlab_widgets" in found.fix
+    extension = tmp_path / doctor.WIDGETS_EXTENSION
+    extension.mkdir(parents=True)
+    (extension / "package.json").write_text('{"version": "5.0.13"}')
+    assert doctor.check_widgets() == Check("ipywidgets", OK, "8.1.5, JupyterLab extension 5.0.13")
 
 
 def test_disk_space_thresholds(monkeypatch, tmp_path):
@@ -118,11 +158,34 @@ def test_disk_space_thresholds(monkeypatch, tmp_path):
         assert (resources.OUTPUT_ENV in found.fix) == (status != OK)
 
 
-def test_memory_and_tensorrt_lines():
-    assert doctor.check_memory().status in (OK, WARN)
+@pytest.mark.skipif(not installed("psutil"), reason="the memory line reads psutil")
+def test_the_memory_line_warns_when_memory_is_tight(monkeypatch):
+    import psutil
+
+    memory = namedtuple("memory", "available total")
+    for available_gib, status in ((1.0, WARN), (20.0, OK)):
+        monkeypatch.setattr(psutil, "virtual_memory", lambda a=available_gib: memory(int(a * 2**30), 24 * 2**30))
+        found = doctor.check_memory()
+        assert found.status == status and found.detail.startswith(f"{available_gib:.1f} GiB available of 24.0 GiB")
+
+
+@pytest.mark.parametrize(
+    "versions, status, words",
+    [
+        ({}, OK, "not installed (optional"),
+        ({"tensorrt": "10.14.1.48", "tensorrt_llm": "1.2.1"}, OK, "tensorrt 10.14.1.48, tensorrt_llm 1.2.1"),
+        ({"tensorrt": "10.9.0"}, WARN, "a vision plan loads only in the TensorRT that built it"),
+    ],
+)
+def test_the_tensorrt_line_names_a_tensorrt_that_cannot_load_the_plans(monkeypatch, versions, status, words):
+    def version(name):
+        if name not in versions:
+            raise doctor.metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(doctor.metadata, "version", version)
     found = doctor.check_tensorrt()
-    assert found.status == OK  # optional either way
-    assert ("not installed" in found.detail) == (not any(map(installed, ("tensorrt", "tensorrt_llm"))))
+    assert found.status == status and words in found.detail
 
 
 def test_a_failed_check_sets_the_exit_status_and_prints_its_fix(monkeypatch, capsys):

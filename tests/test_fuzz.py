@@ -27,6 +27,7 @@ from qwenvl_lab.fake_ids import replace_image_spans
 from qwenvl_lab.grounding import to_list_format
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.limits import BuildConfig
+from qwenvl_lab.pictures import load_image
 from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup
 from qwenvl_lab.requests import check_request
 from qwenvl_lab.tokenizing import (
@@ -41,7 +42,6 @@ from qwenvl_lab.tokenizing import (
     Query,
     make_context,
 )
-from qwenvl_lab.vision import load_image
 
 # the deliberate errors of the package (compared by exact type: a subclass such as JSONDecodeError is a bug)
 ALLOWED_ERRORS = (

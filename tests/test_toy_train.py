@@ -293,6 +293,7 @@ def test_training_on_cuda_runs_its_held_out_checks_there(tmp_path, capsys):
     assert (tmp_path / "model.safetensors").exists() and model.device.type == "cpu"  # saved and returned on the CPU
 
 
+@pytest.mark.slow
 def test_evaluate_command_prints_every_question_kind(tiny_checkpoint, capsys):
     toy_evaluate.main(["--checkpoint", str(tiny_checkpoint), "--seed", "2", "--n", "10"])
     out = capsys.readouterr().out

@@ -206,6 +206,7 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     return result.returncode, outputs, events
 
 
+@pytest.mark.slow
 @needs_mpi
 @pytest.mark.standin
 def test_two_ranks_build_once_and_only_rank_0_answers(stand_in, tiny_checkpoint, prepared, tmp_path):
@@ -220,6 +221,7 @@ def test_two_ranks_build_once_and_only_rank_0_answers(stand_in, tiny_checkpoint,
     assert "A:" not in outputs[1] and "exit status 0" in outputs[1]
 
 
+@pytest.mark.slow
 @needs_mpi
 @pytest.mark.standin
 def test_a_world_that_does_not_fit_the_checkpoint_is_refused_before_any_build(
@@ -232,6 +234,7 @@ def test_a_world_that_does_not_fit_the_checkpoint_is_refused_before_any_build(
         assert "MPI size 2 != TP size 1 * PP size 1" in outputs[rank] and f"exit status {WRONG_WORLD}" in outputs[rank]
 
 
+@pytest.mark.slow
 @needs_mpi
 @pytest.mark.standin
 def test_a_failed_build_on_rank_0_stops_every_rank(stand_in, tiny_checkpoint, prepared, tmp_path):

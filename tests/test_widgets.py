@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from qwenvl_lab.chat import SPAN_NAME
+from qwenvl_lab.pictures import load_image
 from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from qwenvl_lab.tokenizing import (
     IMAGE_END_ID,
@@ -22,7 +23,6 @@ from qwenvl_lab.tokenizing import (
     make_context,
 )
 from qwenvl_lab.toy.evaluate import ask
-from qwenvl_lab.vision import load_image
 from qwenvl_lab.widgets import (
     ID_STYLE,
     KIND_COLORS,

@@ -7,7 +7,7 @@ import torch
 
 from ..chat import ModelAsRunner, ask_batch
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
-from . import load_toy_model
+from .course import load_toy_model
 from .shapes import LANGS, QUESTION_KINDS, answer_matches, grounding_score, make_dataset, no_picture
 
 
