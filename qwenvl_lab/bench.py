@@ -206,7 +206,7 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
         "[in, out]": (weight.t().contiguous(), lambda w: x @ w),
     }
     if weight.device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-        from .engine.decode.triton_linear import fused_linear
+        from .engine.decode.triton_linear import fused_linear  # noqa: PLC0415 — triton is optional
 
         layouts["[out, in], Triton"] = (layouts["[out, in]"][0], lambda w: fused_linear(x, w))
     timings = {}
@@ -242,7 +242,7 @@ def products_alone(runner, runs: int, length: int) -> float:
 
     x, attn, mlp = rows(layer0.qkv_t.shape[0]), rows(layer0.dense_t.shape[0]), rows(layer0.proj_t.shape[0])
     if runner.decode_backend == "triton":
-        from .engine.decode.triton_linear import fused_linear as linear  # triton is optional
+        from .engine.decode.triton_linear import fused_linear as linear  # noqa: PLC0415 — triton is optional
 
         residual = torch.zeros(1, x.shape[1], device=device)
 

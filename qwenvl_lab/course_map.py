@@ -60,8 +60,8 @@ ARROWS = [
 def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt_len: int = 300):
     """A matplotlib figure of the pipeline for `config`; the boxes of notebook `here` (e.g. "03") are highlighted.
     small=True draws the compact "you are here" strip the notebooks start with."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    import matplotlib.pyplot as plt  # noqa: PLC0415 — matplotlib is the course extra's
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: PLC0415 — the course extra's
 
     steps = {s.name: s for s in pipeline_steps(config, images, prompt_len)}
     on_map = {n for s in steps.values() for n in (s.notebook, *s.revisited)}

@@ -105,7 +105,7 @@ class QWenVLConfig(PreTrainedConfig):
 
     model_type = "qwen"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 — transformers' PretrainedConfig takes every key as a keyword
         self,
         vocab_size=151936,
         hidden_size=4096,
@@ -305,7 +305,7 @@ class QWenModel(QWenPreTrainedModel):
             hidden = overwrite_image_spans(hidden, img_pos, input_vit)
         return hidden
 
-    def forward(
+    def forward(  # noqa: PLR0913 — transformers' forward signature
         self,
         input_ids=None,
         attention_mask=None,
@@ -362,7 +362,7 @@ class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(
+    def forward(  # noqa: PLR0913 — transformers' forward signature
         self,
         input_ids=None,
         attention_mask=None,

@@ -160,7 +160,7 @@ def check_limits(build: BuildConfig, ids: list[torch.Tensor], max_new_tokens, nu
             )
 
 
-def check_request(
+def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then TensorRT-LLM's generate inputs
     build: BuildConfig,
     vocab_size: int,
     hidden_size: int,

@@ -299,6 +299,19 @@ class Query(str):
         return tuple(v for kind, v in self.segments if kind == "image")
 
 
+def _boxes(boxes, k: int) -> list[tuple[int, int, int, int]]:
+    """Element k's 'box' value: a list of (x1, y1, x2, y2) boxes on the 0–1000 grid."""
+    if not isinstance(boxes, (list, tuple)):
+        raise TypeError(f"element {k}: 'box' must be a list of (x1, y1, x2, y2) boxes, got {boxes!r}")
+    for j, box in enumerate(boxes):
+        if not isinstance(box, (list, tuple)) or len(box) != 4:
+            raise TypeError(
+                f"element {k}: box {j} must be (x1, y1, x2, y2), got {box!r} "
+                "(a single box still goes in a list: [(x1, y1, x2, y2)])"
+            )
+    return [tuple(_check_coord(v, f"element {k}: box {j} coordinate") for v in box) for j, box in enumerate(boxes)]
+
+
 def _check_coord(value, where: str) -> int:
     if not is_int(value):
         raise TypeError(f"{where} must be an int on the 0–1000 scale, got {value!r}")
@@ -406,16 +419,7 @@ class QWenTokenizer:
                     raise TypeError(f"element {k}: 'ref' must be a str, got {type(element['ref']).__name__}")
                 flush()
                 segments += [("special", "<ref>"), ("text", element["ref"]), ("special", "</ref>")]
-            boxes = element.get("box", ())
-            if not isinstance(boxes, (list, tuple)):
-                raise TypeError(f"element {k}: 'box' must be a list of (x1, y1, x2, y2) boxes, got {boxes!r}")
-            for j, box in enumerate(boxes):
-                if not isinstance(box, (list, tuple)) or len(box) != 4:
-                    raise TypeError(
-                        f"element {k}: box {j} must be (x1, y1, x2, y2), got {box!r} "
-                        "(a single box still goes in a list: [(x1, y1, x2, y2)])"
-                    )
-                x1, y1, x2, y2 = (_check_coord(v, f"element {k}: box {j} coordinate") for v in box)
+            for x1, y1, x2, y2 in _boxes(element.get("box", ()), k):
                 flush()
                 segments += [("special", "<box>"), ("text", f"({x1},{y1}),({x2},{y2})"), ("special", "</box>")]
         flush()

@@ -225,7 +225,7 @@ def learner_lab(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Debian's headless Chromium driven by Playwright, with a fresh profile."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 — playwright: the browser test's extra
 
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
@@ -537,7 +537,7 @@ def drive_widgets(notebook: Notebook) -> set[str]:
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.relative_to(REPO / "notebooks").as_posix())
 def test_notebook_runs_in_the_browser_and_its_widgets_respond(notebook, lab, browser, screenshots):
-    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import Error as PlaywrightError  # noqa: PLC0415 — playwright: the browser test's extra
 
     path = notebook.relative_to(REPO).as_posix()
     page = browser.new_page()

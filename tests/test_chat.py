@@ -10,10 +10,11 @@ import torch
 
 from qwenvl_lab import chat
 from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, TextStream
+from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.files import CheckpointError
 from qwenvl_lab.pictures import load_image
-from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID
-from qwenvl_lab.toy import TOY_DIR
+from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID, load_tokenizer
+from qwenvl_lab.toy import TOY_DIR, load_course_model
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
@@ -142,7 +143,6 @@ def test_sampled_answers_follow_the_seed_and_can_differ(toy):
 
 
 def test_model_as_runner_answers_like_the_engine(toy, tokenizer):
-    from qwenvl_lab.toy import load_course_model
 
     runner, tower, _ = toy
     model = load_course_model()
@@ -156,8 +156,6 @@ def test_model_as_runner_answers_like_the_engine(toy, tokenizer):
 @pytest.fixture(scope="module")
 def batch_engine(tmp_path_factory):
     """(runner, vision tower, tokenizer) of the toy model built for batches of 3 requests of up to 3 pictures each."""
-    from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
-    from qwenvl_lab.tokenizing import load_tokenizer
 
     config = BuildConfig(max_batch_size=3, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=2304)
     engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-batch") / "engine", config)

@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 
 import qwenvl_lab
 from qwenvl_lab import doctor, resources
@@ -40,7 +41,6 @@ def test_python_versions():
 
 
 def test_torch_and_gpu_describe_this_machine():
-    import torch
 
     found = doctor.check_torch()
     assert found.status == OK and found.detail.startswith(torch.__version__)
@@ -60,7 +60,6 @@ class FakePath:
 
 
 def test_the_gpu_line_for_each_machine(monkeypatch):
-    import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(doctor, "Path", FakePath)
@@ -137,7 +136,7 @@ def test_jupyterlab_and_widgets(monkeypatch):
 
 @pytest.mark.skipif(not installed("jupyter_core"), reason="the widgets' extension is looked for with jupyter_core")
 def test_the_widgets_line_finds_their_jupyterlab_extension(monkeypatch, tmp_path):
-    import jupyter_core.paths
+    import jupyter_core.paths  # noqa: PLC0415 — jupyter_core: the course extra's
 
     monkeypatch.setattr(doctor.metadata, "version", lambda name: "8.1.5")
     monkeypatch.setattr(jupyter_core.paths, "jupyter_path", lambda *parts: [str(tmp_path)])
@@ -160,7 +159,7 @@ def test_disk_space_thresholds(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not installed("psutil"), reason="the memory line reads psutil")
 def test_the_memory_line_warns_when_memory_is_tight(monkeypatch):
-    import psutil
+    import psutil  # noqa: PLC0415 — psutil: the course extra's
 
     memory = namedtuple("memory", "available total")
     for available_gib, status in ((1.0, WARN), (20.0, OK)):

@@ -6,6 +6,8 @@ import torch
 
 pytest.importorskip("numba", reason="the CPU decode kernel needs numba (pip install numba)")
 
+import importlib.util
+
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine  # noqa: E402
 from qwenvl_lab.engine.cuda_graphs import DecodeGraphs  # noqa: E402
 from qwenvl_lab.engine.decode.numba_step import LAYER_WEIGHTS  # noqa: E402
@@ -82,7 +84,6 @@ def test_numba_is_the_default_for_float32_on_a_cpu_only(tiny_checkpoint, tiny_en
 
 
 def test_without_numba_the_pytorch_ops_run_and_asking_for_it_says_what_to_install(tiny_engine, monkeypatch):
-    import importlib.util
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else find_spec(name, *a))

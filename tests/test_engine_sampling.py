@@ -4,10 +4,15 @@ import gc
 
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from qwenvl_lab.engine import ModelRunner
-from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, sample_tokens
+from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, penalize_repetition, sample_tokens
 from qwenvl_lab.requests import SamplingConfig
 
 PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30])]
@@ -139,9 +144,6 @@ def test_a_stream_abandoned_inside_a_function_frees_the_runner(runner):
 
 
 def test_repetition_penalty_is_transformers_rule():
-    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
-
-    from qwenvl_lab.engine.sampling import penalize_repetition
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 4
     history = torch.tensor([[1, 2, 2, 49], [7, 0, 3, 3], [10, 11, 12, 13]])

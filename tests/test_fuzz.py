@@ -6,9 +6,11 @@ with `@fuzz(ci_examples)` whose body runs the call through `outcome(...)` and th
 """
 
 import io
+import json
 import math
 import os
 import re
+import shutil
 import unicodedata
 from datetime import timedelta
 
@@ -21,12 +23,14 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from qwenvl_lab import grounding
-from qwenvl_lab.checkpoint import CheckpointError
+from qwenvl_lab.checkpoint import TINY_CONFIG, CheckpointError, save_checkpoint
 from qwenvl_lab.checks.tensors import as_batch, to_torch_dtype
+from qwenvl_lab.engine import ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.fake_ids import replace_image_spans
 from qwenvl_lab.grounding import to_list_format
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.limits import BuildConfig
+from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 from qwenvl_lab.pictures import load_image
 from qwenvl_lab.prompt_table import prompt_tuning_embedding, ptuning_setup
 from qwenvl_lab.requests import check_request
@@ -42,6 +46,7 @@ from qwenvl_lab.tokenizing import (
     Query,
     make_context,
 )
+from qwenvl_lab.widgets import picture_from_upload
 
 # the deliberate errors of the package (compared by exact type: a subclass such as JSONDecodeError is a bug)
 ALLOWED_ERRORS = (
@@ -714,17 +719,12 @@ def test_check_request_on_any_request(data):
 @pytest.fixture(scope="module")
 def small_engine(tmp_path_factory):
     """A small engine directory (a 1000-id vocabulary) to damage copies of."""
-    import json as _json
-
-    from qwenvl_lab.checkpoint import TINY_CONFIG, save_checkpoint
-    from qwenvl_lab.engine import build_engine
-    from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 
     torch.manual_seed(0)
     checkpoint = save_checkpoint(
         QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})), tmp_path_factory.mktemp("small-ckpt")
     )
-    assert _json.loads((checkpoint / "config.json").read_text())["vocab_size"] == 1000
+    assert json.loads((checkpoint / "config.json").read_text())["vocab_size"] == 1000
     return build_engine(
         checkpoint,
         tmp_path_factory.mktemp("small") / "engine",
@@ -738,13 +738,9 @@ DAMAGES = ("delete", "truncate", "drop key", "mistype key", "empty", "change in 
 @fuzz(25)
 @given(data=st.data())
 def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, data):
-    import json as _json
-    import shutil as _shutil
-
-    from qwenvl_lab.engine import ModelRunner, load_engine_vision_tower
 
     engine = tmp_path_factory.mktemp("damaged") / "engine"
-    _shutil.copytree(small_engine, engine)
+    shutil.copytree(small_engine, engine)
     files = sorted(p.relative_to(engine).as_posix() for p in engine.rglob("*") if p.is_file())
     name = data.draw(st.sampled_from(files))
     kinds = DAMAGES if name.endswith(".json") else DAMAGES[:2] + DAMAGES[4:]
@@ -767,7 +763,7 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
         content[where] ^= data.draw(st.integers(1, 255))
         path.write_bytes(bytes(content))
     else:
-        config = _json.loads(path.read_text())
+        config = json.loads(path.read_text())
         keys = sorted(config) if isinstance(config, dict) else []
         if not keys:
             return
@@ -776,9 +772,9 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
             del config[key]
         else:
             config[key] = data.draw(st.sampled_from(["2", None, [], -1, 1e9, {"x": 1}]))
-            if config[key] == _json.loads(path.read_text())[key]:
+            if config[key] == json.loads(path.read_text())[key]:
                 return
-        path.write_text(_json.dumps(config))
+        path.write_text(json.dumps(config))
     event(f"{damage} {name}")
 
     def load(directory):
@@ -786,7 +782,7 @@ def test_a_damaged_engine_directory_is_refused(small_engine, tmp_path_factory, d
 
     out = outcome(load, engine)
     assert refused(out), f"an engine with {name} damaged ({damage}) was loaded"
-    _shutil.rmtree(engine.parent)
+    shutil.rmtree(engine.parent)
 
 
 # grounding: plain text read in linear time, as the one-regex reading reads it
@@ -866,7 +862,6 @@ MODE_FORMATS = [(m, f) for m in PICTURE_MODES for f in PICTURE_FORMATS if saves_
     exif_transpose=st.booleans(),
 )
 def test_an_upload_reads_as_the_file_from_its_path(picture_file, mode_format, size, seed, exif_transpose):
-    from qwenvl_lab.widgets import picture_from_upload
 
     mode, fmt = mode_format
     pixels = np.random.default_rng(seed).integers(0, 65536, (size[1], size[0], 3), dtype=np.uint16)

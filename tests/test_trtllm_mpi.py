@@ -18,9 +18,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+from test_trtllm_runner import write_engine
 
 from qwenvl_lab.trtllm.mpi_world import MpiWorld, WorldSizeError, build_once, check_world, mpi_world
 from qwenvl_lab.trtllm.pipeline import WRONG_WORLD, main, prepare
+from qwenvl_lab.trtllm.runner import TRTLLMRunner
 
 TESTS = Path(__file__).resolve().parent
 IMAGE = TESTS.parent / "data" / "images" / "blue_square.png"
@@ -304,11 +307,6 @@ runtime = types.SimpleNamespace(ModelRunnerCpp=ModelRunnerCpp)
 @pytest.mark.standin
 def test_the_runner_opens_the_engine_with_this_processs_rank(tmp_path, monkeypatch):
     """TRTLLMRunner.from_dir passes ModelRunnerCpp the MPI rank and refuses what ModelRunnerCpp would assert on."""
-    import torch
-    from test_trtllm_runner import write_engine
-
-    from qwenvl_lab.trtllm.runner import TRTLLMRunner
-
     (tmp_path / "tensorrt_llm.py").write_text(ONE_PROCESS_STAND_IN)
     spec = importlib.util.spec_from_file_location("tensorrt_llm", tmp_path / "tensorrt_llm.py")
     stand_in = importlib.util.module_from_spec(spec)

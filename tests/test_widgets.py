@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from qwenvl_lab.chat import SPAN_NAME
+from qwenvl_lab.chat import SPAN_NAME, Conversation, GenerationSettings
+from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.pictures import load_image
 from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from qwenvl_lab.tokenizing import (
@@ -26,11 +27,15 @@ from qwenvl_lab.toy.evaluate import ask
 from qwenvl_lab.widgets import (
     ID_STYLE,
     KIND_COLORS,
+    NO_PICTURE,
     UPLOADED,
     PanelResult,
     TokenView,
     ask_panel,
     ask_panel_result,
+    boxes_picture,
+    chat_panel,
+    chat_turn,
     describe_lookup,
     kind_legend_html,
     lookup_rows,
@@ -40,6 +45,7 @@ from qwenvl_lab.widgets import (
     table_heatmap,
     token_label,
     token_viewer,
+    transcript_html,
 )
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -184,7 +190,6 @@ def test_token_viewer_wires_the_slider_to_describe_and_to_html(tokenizer, chat_i
 
 
 def test_plot_token_kinds_colours_each_cell_by_kind(tokenizer, chat_ids):
-    from qwenvl_lab.img_pos import locate_img_pos
 
     batch = torch.tensor([[tokenizer.eod_id] * 5 + chat_ids[:-5], chat_ids])  # [2, L], row 0 shifted and cut
     img_pos = locate_img_pos(batch)
@@ -429,8 +434,6 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
 
 
 def test_chat_turn_streams_and_boxes_are_drawn_on_the_latest_picture(toy_chat):
-    from qwenvl_lab.chat import Conversation, GenerationSettings
-    from qwenvl_lab.widgets import boxes_picture, chat_turn, transcript_html
 
     runner, vision, tokenizer = toy_chat
     talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))
@@ -447,8 +450,6 @@ def test_chat_turn_streams_and_boxes_are_drawn_on_the_latest_picture(toy_chat):
 
 
 def test_chat_panel_sends_streams_and_clears(toy_chat):
-    from qwenvl_lab.chat import Conversation, GenerationSettings
-    from qwenvl_lab.widgets import NO_PICTURE, chat_panel
 
     runner, vision, tokenizer = toy_chat
     talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))

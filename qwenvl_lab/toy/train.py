@@ -370,7 +370,7 @@ def _loader(dataset, start: int, workers: int, pin: bool):
     )
 
 
-def train(
+def train(  # noqa: PLR0913 — the training command line's options, one argument each
     recipe: Recipe = Recipe(),
     output_dir=None,
     device="cpu",

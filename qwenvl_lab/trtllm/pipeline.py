@@ -64,9 +64,9 @@ def prepare(
     saves our PyTorch model's greedy answer for the GPU stage.
     """
     # the model code needs transformers 5, absent from the TensorRT-LLM environment that runs the GPU stage
-    from ..unified_checkpoint import convert_to_trtllm_checkpoint
-    from .fp16 import to_float16_onnx
-    from .onnx_export import export_visual_onnx
+    from ..unified_checkpoint import convert_to_trtllm_checkpoint  # noqa: PLC0415 — the course environment only
+    from .fp16 import to_float16_onnx  # noqa: PLC0415 — onnx: the course environment
+    from .onnx_export import export_visual_onnx  # noqa: PLC0415 — the model: the course environment
 
     workdir = Path(workdir)
     build_config = default_build_config() if build_config is None else build_config
@@ -93,7 +93,7 @@ def prepare(
 
 def pytorch_answer(checkpoint, image, question: str, max_new_tokens: int) -> str:
     """Greedy answer of our PyTorch model, the original Qwen-VL way (it reads the picture itself)."""
-    from ..checkpoint import load_checkpoint  # transformers 5: the course environment only
+    from ..checkpoint import load_checkpoint  # noqa: PLC0415 — transformers 5: the course environment only
 
     tokenizer, model = load_tokenizer(checkpoint), load_checkpoint(checkpoint)
     return chat.ask(chat.ModelAsRunner(model), None, tokenizer, [str(image)], question, max_new_tokens=max_new_tokens)[
@@ -114,7 +114,7 @@ def checkpoint_mapping(workdir) -> tuple[int, int]:
     return field(mapping, "tp_size", "int", config_file, fix), mapping.get("pp_size", 1)
 
 
-def run_gpu_steps(
+def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one argument each
     checkpoint,
     image,
     question: str,

@@ -104,7 +104,7 @@ class TRTLLMRunner(Runner):
                 f"rank={rank!r}, but this process is MPI rank {world.rank} of {world.size}: pass "
                 "rank=tensorrt_llm.mpi_rank() (or leave rank out); ModelRunnerCpp.from_dir asserts they agree"
             )
-        from tensorrt_llm.runtime import ModelRunnerCpp
+        from tensorrt_llm.runtime import ModelRunnerCpp  # noqa: PLC0415 — optional: GPU machines
 
         return cls(config, ModelRunnerCpp.from_dir(str(engine_dir), rank=rank, **runner_kwargs))
 

@@ -55,7 +55,7 @@ def build_visual_plan(
             "strongly_typed off to build with TensorRT's FP16 flag"
         )
     require_gpu_stack("tensorrt", "cuda", step="build_visual_plan")
-    import tensorrt as trt
+    import tensorrt as trt  # noqa: PLC0415 — optional: GPU machines
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -89,7 +89,7 @@ class TRTVisualEncoder:
         if not plan_path.is_file():
             raise FileNotFoundError(f"plan file not found: {str(plan_path)!r}; make it with build_visual_plan")
         require_gpu_stack("tensorrt", "cuda", step="TRTVisualEncoder")
-        import tensorrt as trt
+        import tensorrt as trt  # noqa: PLC0415 — optional: GPU machines
 
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(plan_path.read_bytes())
