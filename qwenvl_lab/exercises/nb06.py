@@ -31,8 +31,8 @@ BOX_ANSWER = str(where_is(SAMPLES[BOX_PICTURE], "blue", "square"))  # …and the
 CAPSTONE_CASES = (  # exercise 06.6: one picture, then two pictures in one prompt whose answer needs the second
     (("red_circle.png",), "图片里是什么？"),
     (
-        ("pair_a_yellow_circle_red_triangle.png", "pair_b_blue_square_yellow_circle.png"),
-        "Which picture has a blue square?",
+        ("pair_b_blue_square_yellow_circle.png", "pair_a_yellow_circle_red_triangle.png"),
+        "Which picture has a red triangle?",
     ),
 )
 CAPSTONE_TOKENS = 24
