@@ -105,20 +105,37 @@ def _os_release() -> dict:
     return {key: value.strip().strip('"') for key, value in pairs}
 
 
-def other_pythons(which=shutil.which) -> list:
-    """The supported `python3.X` commands on PATH, newest first."""
+def runs_as(command: str, version) -> bool:
+    """Whether `command` on PATH starts and is Python `version` (a pyenv shim may exist and refuse to run)."""
+    if shutil.which(command) is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [command, "-c", "import sys; print(sys.version_info[:2])"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            universal_newlines=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0 and probe.stdout.strip() == str(tuple(version))
+
+
+def other_pythons(runs=runs_as) -> list:
+    """The supported `python3.X` commands on PATH that run, newest first."""
     low, high = PYTHON_RANGE
-    return [f"python3.{minor}" for minor in range(high[1], low[1] - 1, -1) if which(f"python3.{minor}")]
+    return [f"python3.{minor}" for minor in range(high[1], low[1] - 1, -1) if runs(f"python3.{minor}", (3, minor))]
 
 
-def check_python(version_info=sys.version_info, which=shutil.which) -> Check:
+def check_python(version_info=sys.version_info, runs=runs_as) -> Check:
     """The interpreter's version against PYTHON_RANGE; outside it, where to find or get a supported one."""
     (low, high), found = PYTHON_RANGE, tuple(version_info[:2])
     version, supported = _dotted(version_info[:3]), f"{_dotted(low)}–{_dotted(high)}"
     if low <= found <= high:
         return Check("python", OK, f"{version} ({sys.executable})")
     why = "older than the course needs" if found < low else "newer than the course was tested on"
-    here = other_pythons(which)
+    here = other_pythons(runs)
     fix = f"this machine has {here[0]}: make lab PYTHON={here[0]}" if here else f"get Python {supported}: "
     return Check(
         "python", FAIL, f"Python {version} is {why} ({supported})", fix + ("" if here else get_python_advice())

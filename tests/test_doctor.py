@@ -42,11 +42,15 @@ REPO = Path(qwenvl_lab.__file__).resolve().parents[1]
 def test_python_versions():
     assert doctor.check_python().status == OK
     for version in ((3, 10, 12), (3, 14, 0)):
-        found = doctor.check_python(version, which=lambda name: None)
+        found = doctor.check_python(version, runs=lambda name, version: False)
         assert found.status == FAIL and "3.11–3.13" in found.detail and ".".join(map(str, version)) in found.detail
         assert "get Python 3.11–3.13" in found.fix
-    on_path = doctor.check_python((3, 10, 12), which=lambda name: f"/usr/bin/{name}" if name == "python3.12" else None)
+    on_path = doctor.check_python(
+        (3, 10, 12), runs=lambda name, version: name == "python3.12" == f"python3.{version[1]}"
+    )
     assert on_path.fix == "this machine has python3.12: make lab PYTHON=python3.12"
+    assert doctor.runs_as(sys.executable, sys.version_info[:2])
+    assert not doctor.runs_as("no-such-python3.99", (3, 99))
 
 
 @pytest.mark.parametrize(
