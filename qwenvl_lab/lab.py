@@ -112,7 +112,7 @@ def run_until_exit(command: list[str], cwd: Path, env: dict[str, str]) -> int:
 def main(argv=None) -> int:
     """Command line: copy the notebooks, then start JupyterLab (or restore one copy with --reset)."""
     parser = argparse.ArgumentParser(
-        prog="python -m qwenvl_lab.lab",
+        prog="qwenvl-lab lab",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
         epilog="Other arguments go to JupyterLab, e.g. --ip=0.0.0.0 --port=8888 --no-browser on a remote machine.",

@@ -103,3 +103,13 @@ def test_first_answers_are_timed_in_fresh_processes(tmp_path):
     times = json.loads((tmp_path / "b.json").read_text())["first_answer_s"]
     assert times == report["first_answer_s"] and set(times) == {"cold", "saved_choices"}
     assert all(t["load_s"] > 0 and t["first_answer_s"] > 0 for t in times.values())
+
+
+def test_a_busy_machine_gets_one_line_of_advice(monkeypatch, capsys):
+    def too_busy(*args, **kwargs):
+        raise bench.MachineTooBusy("the machine is too busy to measure; rerun with more --repeats")
+
+    monkeypatch.setattr(bench, "measure", too_busy)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "tiny", "--batch", "1", "--new-tokens", "4", "--repeats", "1", "--no-eager"])
+    assert exit_info.value.code == "qwenvl-lab bench: the machine is too busy to measure; rerun with more --repeats"
