@@ -46,6 +46,8 @@ TORCH_STAMP := $(VENV)/.torch-$(TORCH_VERSION)
 COURSE_STAMP := $(VENV)/.course
 TEST_STAMP := $(VENV)/.test
 BROWSER_STAMP := $(VENV)/.browser
+HUB_STAMP := $(VENV)/.hub
+SITE_STAMP := $(VENV)/.site
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 # setuptools' editable install (a meta-path finder: data/ is mapped to qwenvl_lab.data) ends with an informational
 # "Editable installation. Please be careful with folders in your working directory with the same name as your
@@ -53,7 +55,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # that message is filtered out, by its text
 PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm regenerate
+.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm regenerate site site-test class-load
 
 setup: $(COURSE_STAMP)
 
@@ -148,6 +150,23 @@ notebooks: $(TEST_STAMP)
 browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
+
+# A class on one JupyterHub server, measured (docs/workshop.md): as root on Linux, loopback only, stops by itself.
+# JupyterHub and its idle culler join .venv; the proxy (npm's configurable-http-proxy) goes to .venv/hub/.
+CLASS_LEARNERS ?= 4
+CLASS_JSON ?= course-output/class-load.json
+CLASS_ARGS ?=
+CHP := $(VENV)/hub/node_modules/.bin/configurable-http-proxy
+
+$(HUB_STAMP): $(COURSE_STAMP)
+	$(PIP_EDITABLE) '.[course,hub]'
+	@command -v npm >/dev/null || { echo "error: the hub's proxy needs Node.js and npm (Debian/Ubuntu: apt-get install nodejs npm)" >&2; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/hub configurable-http-proxy@5
+	$(PY) -m compileall -q qwenvl_lab
+	touch $@
+
+class-load: $(HUB_STAMP)
+	$(PY) -m qwenvl_lab.classload --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
