@@ -422,6 +422,7 @@ class Client:
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         else:
             data = None if body is None else json.dumps(body)
+            headers["Content-Type"] = "application/json"
         try:
             response = await self.http.fetch(
                 self.base + path,
@@ -629,7 +630,12 @@ def busiest_cells(learner: Learner, cells: dict, count: int = 5) -> list[dict]:
         for seconds, cell in zip(values, cells[notebook])
     ]
     return [
-        {"notebook": nb, "cell": cell.index, "seconds": round(s, 3), "source": cell.source.strip().splitlines()[0][:80]}
+        {
+            "notebook": nb,
+            "cell": cell.index,
+            "seconds": round(s, 3),
+            "source": next((ln for ln in cell.source.splitlines() if ln.strip() and not ln.startswith("#")), "")[:80],
+        }
         for s, nb, cell in sorted(rows, key=lambda row: -row[0])[:count]
     ]
 
@@ -707,7 +713,7 @@ def main(argv=None) -> int:
     users, hub = {}, None
     try:
         users = make_users(names, folder / "home")
-        config = hub_config(folder, course, names, password, port, shutil.which(args.proxy))
+        config = hub_config(folder, course, names, password, port, os.path.abspath(shutil.which(args.proxy)))
         hub = start_hub(folder, config, course, port)
         before = tree_state(course)  # from here on only the learners' servers run the course
         workdir = lambda name: folder / "home" / name / "qwenvl-lab"  # noqa: E731
@@ -720,6 +726,9 @@ def main(argv=None) -> int:
         system = asyncio.run(
             run_class(learners, hub.url, password, args.notebooks, args.think, args.stagger, args.time_limit)
         )
+    except LoadTestError as err:
+        print(f"class-load: {err}", file=sys.stderr)
+        return 1
     finally:
         if hub is not None:
             stop_hub(hub)
