@@ -105,6 +105,15 @@ def code_cells(notebook: dict) -> list[Cell]:
     ]
 
 
+def add_output(texts: list[str], text: str) -> None:
+    """Append one output's text; a stream continues the stream before it (the kernel splits them as it pleases)."""
+    stream = text.split(": ", 1)[0] + ": "
+    if text.startswith(("stdout: ", "stderr: ")) and texts and texts[-1].startswith(stream):
+        texts[-1] += text[len(stream) :]
+    else:
+        texts.append(text)
+
+
 def text_of(message: dict) -> str | None:
     """The text a learner reads in one output message (None for messages that are not outputs)."""
     kind, content = message["header"]["msg_type"], message["content"]
@@ -520,7 +529,7 @@ async def run_notebook(learner: Learner, client: Client, hub: str, notebook: str
                 elif kind == "clear_output":
                     texts.clear()
                 elif text_of(message) is not None:
-                    texts.append(text_of(message))
+                    add_output(texts, text_of(message))
             latencies.append(time.monotonic() - start)
             outputs[cell.index] = normalized(texts, str(learner.home))
             if failed and not cell.raises:
