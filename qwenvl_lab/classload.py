@@ -105,30 +105,24 @@ def code_cells(notebook: dict) -> list[Cell]:
     ]
 
 
-def add_output(texts: list[str], text: str) -> None:
-    """Append one output's text; a stream continues the stream before it (the kernel splits them as it pleases)."""
-    stream = text.split(": ", 1)[0] + ": "
-    if text.startswith(("stdout: ", "stderr: ")) and texts and texts[-1].startswith(stream):
-        texts[-1] += text[len(stream) :]
-    else:
-        texts.append(text)
-
-
-def text_of(message: dict) -> str | None:
-    """The text a learner reads in one output message (None for messages that are not outputs)."""
+def add_output(outputs: list[list[str]], message: dict) -> None:
+    """Append the text a learner reads in one output message as [kind, text]; a stream continues the same stream
+    before it (the kernel splits them as it pleases, a notebook stores them joined)."""
     kind, content = message["header"]["msg_type"], message["content"]
     if kind == "stream":
-        return f"{content['name']}: {content['text']}"
-    if kind in ("execute_result", "display_data"):
-        return content.get("data", {}).get("text/plain", "")
-    if kind == "error":
-        return f"error: {content['ename']}: {content['evalue']}"
-    return None
+        if outputs and outputs[-1][0] == content["name"]:
+            outputs[-1][1] += content["text"]
+        else:
+            outputs.append([content["name"], content["text"]])
+    elif kind in ("execute_result", "display_data"):
+        outputs.append(["result", content.get("data", {}).get("text/plain", "")])
+    elif kind == "error":
+        outputs.append(["error", f"{content['ename']}: {content['evalue']}"])
 
 
-def normalized(outputs: list[str], workdir: str) -> list[str]:
-    """Outputs with the learner's own folder written as <workdir> (every learner has another home)."""
-    return [text.replace(workdir, "<workdir>") for text in outputs]
+def normalized(outputs: list[list[str]], workdir: str) -> list[str]:
+    """Outputs as "kind: text", with the learner's own folder written as <workdir> (every learner has another home)."""
+    return [f"{kind}: {text}".replace(workdir, "<workdir>") for kind, text in outputs]
 
 
 def compare_outputs(reference: dict, run: dict, cells: dict) -> list[str]:
@@ -528,12 +522,14 @@ async def run_notebook(learner: Learner, client: Client, hub: str, notebook: str
                         failed = message["content"].get("ename", message["content"]["status"])
                 elif kind == "clear_output":
                     texts.clear()
-                elif text_of(message) is not None:
-                    add_output(texts, text_of(message))
+                else:
+                    add_output(texts, message)
             latencies.append(time.monotonic() - start)
             outputs[cell.index] = normalized(texts, str(learner.home))
             if failed and not cell.raises:
-                learner.errors.append(f"{notebook} cell {cell.index}: {failed}: {' '.join(texts)[-300:]}")
+                learner.errors.append(
+                    f"{notebook} cell {cell.index}: {failed}: {' '.join(text for _, text in texts)[-300:]}"
+                )
             if cell.raises and not failed:
                 learner.errors.append(f"{notebook} cell {cell.index}: expected an error, none came")
         learner.kernel_cpu_s[notebook] = kernel_cpu_seconds(learner.uid)
