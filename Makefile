@@ -151,6 +151,21 @@ browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
 
+# The course as a website: Jupyter Book 1.x builds build/site/_build/html from the stored outputs (nothing runs);
+# SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons
+SITE_REPOSITORY ?=
+$(SITE_STAMP): $(COURSE_STAMP)
+	$(PIP_EDITABLE) '.[course,site]'
+	touch $@
+
+site: $(SITE_STAMP)
+	$(PY) -m qwenvl_lab.website $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY))
+
+# every page in headless Chromium: renders, links and anchors resolve, figures load, Chinese text shows
+# (needs Debian's chromium and a CJK font: apt-get install chromium fonts-wqy-microhei)
+site-test: $(SITE_STAMP) $(BROWSER_STAMP)
+	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v tests/test_site.py
+
 # A class on one JupyterHub server, measured (docs/workshop.md): as root on Linux, loopback only, stops by itself.
 # JupyterHub and its idle culler join .venv; the proxy (npm's configurable-http-proxy) goes to .venv/hub/.
 CLASS_LEARNERS ?= 4
