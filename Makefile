@@ -18,7 +18,7 @@
 #   PYTHON       the interpreter that creates .venv; default: the first of python3.13, python3.12, python3.11,
 #                python3, python that is Python 3.11–3.13 (transformers 5.24 needs 3.11)
 #   TORCH_INDEX  the PyTorch wheel index for Linux; default: the CPU builds (PyPI's Linux torch is a CUDA build: 2.7 GB
-#                of downloads, about 5 GB installed). Its build (cpu, cu130, …) is first looked for among pip's own
+#                of downloads, 5.6 GB in .venv). Its build (cpu, cu130, …) is first looked for among pip's own
 #                sources (pip.conf: find-links, a wheelhouse an instructor provides), then taken from the index.
 #                TORCH_INDEX= (empty) installs PyPI's build. macOS and Windows always use PyPI (CPU builds there).
 #   PREFLIGHT    the doctor's arguments for its check before .venv is created (default --before-install; add
@@ -97,7 +97,7 @@ $(TORCH_STAMP): $(VENV_STAMP)
 	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" || { \
 	            echo "error: torch $(TORCH_VERSION)+$$build did not install from $(TORCH_INDEX). If that index cannot be" \
 	                 "reached from here: make lab TORCH_INDEX= installs PyPI's torch instead (a CUDA build: 2.7 GB of" \
-	                 "downloads, about 5 GB in .venv), or put the wheel in a folder named in pip.conf's find-links" >&2; \
+	                 "downloads, 5.6 GB in .venv), or put the wheel in a folder named in pip.conf's find-links" >&2; \
 	            exit 1; }; \
 	    fi; \
 	else \

@@ -36,7 +36,7 @@ TORCH_INDEX_ENV = "TORCH_INDEX"  # the Makefile passes its TORCH_INDEX; empty: P
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # the Makefile's default TORCH_INDEX
 PYPI = "https://pypi.org/simple/"
 # PyPI's Linux x86_64 torch 2.13.0 with the NVIDIA libraries it pulls in (sizes of the wheels on PyPI, cp312)
-CUDA_TORCH_COST = "a CUDA build: 2.7 GB of downloads, about 5 GB in .venv"
+CUDA_TORCH_COST = "a CUDA build: 2.7 GB of downloads, 5.6 GB in .venv"
 NETWORK_TIMEOUT_S = 5.0
 VENV_DISK_GIB = 3.5  # .venv with the CPU torch and the test tools (measured: docs/install.md)
 CUDA_VENV_DISK_GIB = 7.5  # .venv with PyPI's CUDA torch
