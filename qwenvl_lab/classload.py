@@ -239,9 +239,12 @@ def versions() -> dict:
 
 
 def tree_state(root: Path) -> dict:
-    """path → (size, mtime_ns) of every file and folder under `root` (links not followed)."""
+    """path → (size, mtime_ns) of every file and folder under `root` (links not followed), but its .git: git's own
+    bookkeeping, which a clone made with hard links shares with the repository it came from."""
     state = {}
     for folder, dirs, files in os.walk(root):
+        if folder == str(root):
+            dirs[:] = [d for d in dirs if d != ".git"]
         for name in dirs + files:
             path = os.path.join(folder, name)
             try:

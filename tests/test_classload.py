@@ -92,8 +92,10 @@ def test_shared_install_snapshot_sees_every_change(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("changed")
     os.utime(tmp_path / "pkg" / "a.py", ns=(1, 1))
     (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / ".git").mkdir()  # git's bookkeeping is not the install
     found = classload.changes(before, classload.tree_state(tmp_path))
     assert "changed pkg/a.py" in found and "added pkg/__pycache__" in found
+    assert not any(".git" in change for change in found)
 
 
 def test_readable_by_all(tmp_path):
