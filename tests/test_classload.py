@@ -148,3 +148,29 @@ def test_refuses_without_root(monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         classload.main(["--learners", "0"])
     assert exit_info.value.code == 2
+
+
+MEASURED = REPO / "data" / "benchmarks" / "jupyterhub" / "class-load-cpu.json"
+
+
+def test_the_committed_class_measurement_and_the_values_derived_from_it():
+    import math
+
+    import yaml
+
+    result = json.loads(MEASURED.read_text())
+    assert result["settings"]["learners"] >= 4 and result["class"]["errors"] == 0
+    assert result["class"]["output_differences"] == 0 and result["shared_install_unchanged"]
+    assert {"cpu", "cores", "memory_gib", "load_average"} <= result["machine"].keys()
+    peaks = [r["peak_memory_gib"] for r in result["learners"]]
+    peak = max(p["kernel_rss"] + p["server_rss"] for p in peaks)  # one notebook open
+    one, two = math.ceil(peak * 10) / 10, math.ceil((peak + max(p["kernel_rss"] for p in peaks)) * 10) / 10
+    values = yaml.safe_load((REPO / "docs" / "jupyterhub" / "z2jh-values.yaml").read_text())["singleuser"]
+    assert values["memory"] == {"guarantee": f"{one}G", "limit": f"{two}G"}
+    culling = result["settings"]["culling"]
+    assert (
+        values["extraFiles"]["kernel-culling"]["data"]["MappingKernelManager"]["cull_idle_timeout"]
+        == (culling["kernel_idle_timeout_s"])
+    )
+    workshop = (REPO / "docs" / "workshop.md").read_text()
+    assert f"Memory per learner: {peak:.2f} GiB" in workshop
