@@ -37,8 +37,8 @@ def github_repository(root: Path, given: str | None = None) -> str | None:
 def site_config(root: Path, repository: str | None, branch: str) -> str:
     """docs/site/_config.yml with the repository's address for the launch and repository buttons."""
     config = (root / SITE / "_config.yml").read_text(encoding="utf-8")
-    if repository is None:
-        return config
+    if repository is None:  # Jupyter Book refuses a repository button without a repository
+        return config.replace("use_repository_button: true", "use_repository_button: false")
     return config + f"repository:\n  url: https://github.com/{repository}\n  branch: {branch}\n"
 
 

@@ -18,21 +18,12 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from chromium import CHROMIUM_FLAGS  # tests/chromium.py
 
 from qwenvl_lab import website
 
 REPO = Path(__file__).resolve().parents[1]
 REPOSITORY = "example/qwenvl-lab"  # the launch buttons' GitHub repository in this test
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CHINESE = "图片里是什么"  # notebook 01's question
 
 
