@@ -25,7 +25,7 @@ LAYERS = [
     ["toy"],
     ["widgets", "course_map", "exercises"],
     ["bench", "doctor", "lab", "study_time"],
-    ["factcheck"],
+    ["factcheck", "classload", "website"],
     ["cli"],
 ]
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
