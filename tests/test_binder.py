@@ -71,7 +71,7 @@ def test_post_build_checks_the_course_and_builds_its_engine(binder_repo):
     done = subprocess.run(["bash", "postBuild"], cwd=repo, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ready for the course" in done.stdout
-    (engine,) = (repo / "course-output" / "engines").iterdir()
+    (engine,) = (p for p in (repo / "course-output" / "engines").iterdir() if p.is_dir())  # beside it: its lock file
     assert (engine / "manifest.json").is_file() and f"course engine: {engine}" in done.stdout
 
 
@@ -83,5 +83,6 @@ def test_start_opens_the_learners_copies_with_the_course_settings(binder_repo):
     assert (Path(cwd), Path(output)) == (repo, repo / "course-output")
     assert config.split(os.pathsep)[0] == str(repo / ".jupyter")
     copies = sorted(p.name for p in (repo / "my-notebooks").iterdir())
-    assert copies == sorted(p.name for p in (repo / "notebooks").glob("*.ipynb")) and "00_welcome.ipynb" in copies
+    assert copies == sorted([*(p.name for p in (repo / "notebooks").glob("*.ipynb")), "solutions"])
+    assert "00_welcome.ipynb" in copies and (repo / "my-notebooks" / "solutions" / "01_solutions.ipynb").is_file()
     assert not (repo / "data" / "data").exists()  # the repository is the learner's folder: nothing linked into it

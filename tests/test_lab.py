@@ -158,6 +158,7 @@ def test_workdir_takes_the_copies_and_outputs_of_a_shared_install(monkeypatch, c
         "00_welcome.ipynb",
         "01_tokenizing.ipynb",
         "02_locating_img_pos.ipynb",
+        "solutions",
     ]
     assert not (course / "my-notebooks").exists()
     assert f"--ServerApp.root_dir={mine}" in capsys.readouterr().out
