@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 # lowest first; a module imports from lower layers and, inside a subpackage, from its own subpackage (without cycles)
 LAYERS = [
     ["files", "resources", "claims"],
-    ["tokenizing"],
+    ["tokenizing", "fonts"],
     ["img_pos"],
     ["fake_ids"],
     ["prompt_table"],

@@ -72,7 +72,12 @@ def test_wheel_lists_every_subpackage():
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "qwenvl_lab").rglob("__init__.py")}
     listed = set(SETUPTOOLS["packages"])
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
-    assert listed - found == {"qwenvl_lab.data", "qwenvl_lab.data.images", "qwenvl_lab.data.benchmarks"}
+    assert listed - found == {
+        "qwenvl_lab.data",
+        "qwenvl_lab.data.images",
+        "qwenvl_lab.data.benchmarks",
+        "qwenvl_lab.data.fonts",
+    }
 
 
 def test_package_data_globs_cover_every_data_file():
