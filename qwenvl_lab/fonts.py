@@ -91,9 +91,13 @@ def cjk_font_for(text: str) -> str | None:
 def use_cjk_font() -> tuple[str, ...]:
     """Make matplotlib draw Chinese: register the CJK fonts and put them after DejaVu Sans in `font.family`, each
     glyph taken from the first font that has it. Returns the family list (called again, it does nothing more)."""
+    import logging
+
     import matplotlib
     from matplotlib import font_manager
 
+    # a CJK font has no bold face: matplotlib then draws its regular one, and says so on every bold title
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     families = [LATIN_FAMILY]
     found = system_cjk_font()
     if found is not None:
