@@ -23,6 +23,7 @@ LAYERS = [
     ["engine"],
     ["trtllm"],
     ["toy"],
+    ["diagrams"],
     ["widgets", "course_map", "exercises"],
     ["bench", "doctor", "lab", "study_time"],
     ["factcheck"],
