@@ -107,7 +107,7 @@ def plot_embedding_sources(input_ids, tasks, task_vocab_size, vocab_size: int, t
     for p in range(1, length + 1):  # each run of one source, labelled with its positions
         if p == length or from_table[p] != from_table[start]:
             source = "prompt_table" if from_table[start] else "word embedding"
-            if p - start >= 0.06 * length:
+            if p - start >= 0.3 * length:  # a narrow run: the legend names its colour
                 strip.text((start + p - 1) / 2, 0.5, f"{source}: positions {start}–{p - 1}", ha="center",
                            va="center", fontsize=9)  # fmt: skip
             start = p
@@ -121,10 +121,11 @@ def plot_embedding_sources(input_ids, tasks, task_vocab_size, vocab_size: int, t
     rows.plot(entries[:, 1].tolist(), entries[:, 3].tolist(), ".", color="#15803d", markersize=3)
     if len(entries):
         first, last = entries[0].tolist(), entries[-1].tolist()
-        for pos, fake, row, side in ((first[1], first[2], first[3], "right"), (last[1], last[2], last[3], "left")):
+        lift = 0.3 * max(1, last[3] - first[3])
+        for (_, pos, fake, row), side, dy in ((first, "left", lift), (last, "right", -lift)):
             rows.annotate(f"position {pos}: fake id {fake}\n→ prompt_table row {row}", xy=(pos, row),
-                          xytext=(pos + (-8 if side == "right" else 8), row), ha=side, va="center", fontsize=9,
-                          arrowprops=dict(arrowstyle="-", color="gray"))  # fmt: skip
+                          xytext=(pos + (0.02 if side == "left" else -0.02) * length, row + dy), ha=side,
+                          va="center", fontsize=9, arrowprops=dict(arrowstyle="-|>", color="gray"))  # fmt: skip
     rows.set(xlabel="position in the sequence", ylabel="table row read", xlim=(-0.5, length - 0.5))
     rows.grid(alpha=0.3)
     return strip, rows
