@@ -5,6 +5,8 @@
 #   make test                add the test tools, run the unit tests and the course notebooks (make unit, make notebooks)
 #   make browser             the course in JupyterLab in headless Chromium: every notebook run, its widgets driven
 #                            (needs Debian's chromium: apt-get install chromium; adds Playwright for Python to .venv)
+#   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
+#                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
 #   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
@@ -39,7 +41,7 @@ TEST_STAMP := $(VENV)/.test
 BROWSER_STAMP := $(VENV)/.browser
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm trtllm-env regenerate
+.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate
 
 setup: $(COURSE_STAMP)
 
@@ -117,6 +119,11 @@ notebooks: $(TEST_STAMP)
 browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
+
+screenshots: $(BROWSER_STAMP)
+	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
+	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py -k test_notebook_runs_in_the_browser
+	@echo "the gallery: course-output/browser-gallery/index.html"
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
