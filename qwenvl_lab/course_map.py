@@ -15,7 +15,7 @@ PATH_COLORS = {
 PATH_NAMES = {
     "picture": "the picture's path",
     "text": "the text's path",
-    "joined": "both: the picture's features among the text's ids",
+    "joined": "where they meet",
 }
 HERE_EDGE, HERE_WIDTH, OTHER_WIDTH = "#ea580c", 3.5, 1.2  # the boxes of the notebook the map is shown in
 
@@ -97,10 +97,11 @@ ARROWS = [
 ]
 
 
-def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt_len: int = 300):
+def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt_len: int = 300, title=None):
     """A matplotlib figure of the pipeline for `config`, the picture's and the text's paths in their own colours; the
     boxes of notebook `here` (e.g. "03") get a thick orange edge. small=True draws the compact "you are here" strip
-    the notebooks start with (names and shapes; the full map also says what each box holds)."""
+    the notebooks start with (names and shapes; the full map also says what each box holds). Sized for a notebook's
+    output area (under 970 pixels wide at 100 dpi), so its text is shown at its size."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
@@ -109,8 +110,8 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
     on_map = {n for s in steps.values() for n in (s.notebook, *s.revisited)}
     if here is not None and here not in on_map:
         raise ValueError(f"notebook {here!r} is not on the map; notebooks {sorted(on_map)}")
-    fig, ax = plt.subplots(figsize=(12.5, 2.7) if small else (14, 5.0))
-    box_w, box_h = 0.9, 0.66 if small else 0.78
+    fig, ax = plt.subplots(figsize=(9.6, 2.3) if small else (9.6, 4.4))
+    box_w, box_h = 0.94, 0.68 if small else 0.8
     for s in steps.values():
         mine = here in (s.notebook, *s.revisited)
         fill, edge = PATH_COLORS[s.path]
@@ -127,16 +128,16 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
         ax.add_patch(box)
         top = s.y + box_h / 2
         badge = " · ".join((s.notebook, *s.revisited)) if not small else s.notebook
-        ax.text(s.x + box_w / 2 - 0.06, top, badge, ha="right", va="center", fontsize=9.5, color=edge, weight="bold",
+        ax.text(s.x + box_w / 2 - 0.06, top, badge, ha="right", va="center", fontsize=8.5, color=edge, weight="bold",
                 bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor=edge, linewidth=1))  # fmt: skip
         if small:
-            ax.text(s.x, s.y + 0.08, s.label, ha="center", va="center", fontsize=11, weight="bold")
-            ax.text(s.x, s.y - 0.14, s.shape, ha="center", va="center", fontsize=10, family="monospace")
+            ax.text(s.x, s.y + 0.08, s.label, ha="center", va="center", fontsize=9.5, weight="bold")
+            ax.text(s.x, s.y - 0.15, s.shape, ha="center", va="center", fontsize=8.5, family="monospace")
         else:
-            ax.text(s.x, top - 0.16, s.label, ha="center", va="center", fontsize=11.5, weight="bold")
-            ax.text(s.x, s.y + 0.0, "\n".join(textwrap.fill(line, 21) for line in s.holds.split("\n")), ha="center", va="center", fontsize=9.5,
+            ax.text(s.x, top - 0.16, s.label, ha="center", va="center", fontsize=9.5, weight="bold")
+            ax.text(s.x, s.y + 0.0, "\n".join(textwrap.fill(line, 17) for line in s.holds.split("\n")), ha="center", va="center", fontsize=9,
                     linespacing=1.15)  # fmt: skip
-            ax.text(s.x, s.y - box_h / 2 + 0.12, s.shape, ha="center", va="center", fontsize=9.5, family="monospace")
+            ax.text(s.x, s.y - box_h / 2 + 0.12, s.shape, ha="center", va="center", fontsize=8.5, family="monospace")
     for start, end in ARROWS:
         a, b = steps[start], steps[end]
         tail = (a.x + box_w / 2, a.y) if a.y == b.y else (a.x, a.y - box_h / 2)
@@ -146,12 +147,13 @@ def pipeline_map(config, here=None, small: bool = False, images: int = 1, prompt
     handles = [Patch(facecolor=f, edgecolor=e, label=PATH_NAMES[p]) for p, (f, e) in PATH_COLORS.items()]
     if here is not None:
         handles.append(Patch(facecolor="white", edgecolor=HERE_EDGE, linewidth=2.5, label=f"notebook {here}"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.72, 1.0), fontsize=9.5 if small else 10.5,
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.72, 1.0), fontsize=9,
               frameon=False, borderaxespad=0.2)  # fmt: skip
     ax.set_xlim(-0.5, 6.5)
     ax.set_ylim(-box_h / 2 - 0.04, 1 + box_h / 2 + 0.1)
     ax.axis("off")
-    title = "the course's pipeline" + (f" — notebook {here} builds the steps edged in orange" if here else "")
-    ax.set_title(title, fontsize=11 if small else 12.5, loc="left")
+    if title is None:
+        title = "the course's pipeline" + (f" — notebook {here} builds the steps edged in orange" if here else "")
+    ax.set_title(title, fontsize=10.5, loc="left")
     fig.tight_layout(pad=0.3)
     return fig

@@ -46,7 +46,7 @@ def plot_table_layout(requests, tasks, task_vocab_size, vocab_size: int, table_r
     tasks = [int(t) for t in torch.as_tensor(tasks).reshape(-1).tolist()]
     tvs = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
     if ax is None:
-        _, ax = plt.subplots(figsize=(12, 2.3))
+        _, ax = plt.subplots(figsize=(9.6, 2.3))
     bottom, height = 0.0, 1.0
     for block in blocks:
         width = block.stop - block.start
@@ -98,7 +98,7 @@ def plot_embedding_sources(input_ids, tasks, task_vocab_size, vocab_size: int, t
     from_table = torch.zeros(length, dtype=torch.bool)
     from_table[entries[:, 1]] = True
     if ax is None:
-        _, (strip, rows) = plt.subplots(2, 1, figsize=(12, 3.4), sharex=True, gridspec_kw=dict(height_ratios=[1, 2.2]))
+        _, (strip, rows) = plt.subplots(2, 1, figsize=(9.6, 3.8), sharex=True, gridspec_kw=dict(height_ratios=[1, 2.2]))
     else:
         strip, rows = ax
     colors = [PROMPT_TABLE_COLOR if t else WORD_EMBEDDING_COLOR for t in from_table.tolist()]
@@ -117,7 +117,8 @@ def plot_embedding_sources(input_ids, tasks, task_vocab_size, vocab_size: int, t
                     fontsize=11)  # fmt: skip
     strip.legend(handles=[Patch(color=WORD_EMBEDDING_COLOR, label="id < V: wte row id"),
                           Patch(color=PROMPT_TABLE_COLOR, label="id ≥ V: prompt_table row")],
-                 loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)  # fmt: skip
+                 loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=9, frameon=False,
+                 borderaxespad=0.1)  # fmt: skip
     rows.plot(entries[:, 1].tolist(), entries[:, 3].tolist(), ".", color="#15803d", markersize=3)
     if len(entries):
         first, last = entries[0].tolist(), entries[-1].tolist()

@@ -222,7 +222,7 @@ def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax
         if outside:
             raise ValueError(f"img_pos points outside the batch of shape {tuple(input_ids.shape)}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.9 + 0.7 * batch))
+        _, ax = plt.subplots(figsize=(8, 0.9 + 0.7 * batch))
     cmap = ListedColormap([KIND_COLORS[k] for k in TOKEN_KINDS] + [PADDING_COLOR])
     half = ROW_HEIGHT / 2
     for b in range(batch):
@@ -293,7 +293,7 @@ def table_explorer(input_ids, prompt_table, tasks, task_vocab_size, vocab_size: 
         style={"description_width": "initial"},
     )
     info = widgets.HTML()
-    heat_map = widgets.Image(format="png")
+    heat_map = widgets.Image(format="png", layout=widgets.Layout(align_self="flex-start"))  # at its size, not stretched
     heat_map.add_class(HEATMAP_CLASS)
 
     def on_select(change):
@@ -396,7 +396,9 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
     button = widgets.Button(description="Ask", button_style="primary")
     answer = widgets.HTML()
     ids_view = widgets.HTML()
-    table = widgets.Image(format="png", layout=widgets.Layout(display="none"))  # shown with an answer
+    table = widgets.Image(
+        format="png", layout=widgets.Layout(display="none", align_self="flex-start")
+    )  # with an answer
     table.add_class(HEATMAP_CLASS)
 
     def current_picture():

@@ -577,8 +577,17 @@ def shoot(notebook: Notebook, element, name: str):
     """Save a screenshot of `element` as NAME.png in the notebook's gallery folder."""
     folder = notebook_gallery(notebook)
     folder.mkdir(parents=True, exist_ok=True)
+    page, viewport = notebook.page, notebook.page.viewport_size
     element.scroll_into_view_if_needed()
-    element.screenshot(path=folder / f"{name}.png", animations="disabled")
+    box = element.bounding_box() or {"height": 0}
+    if box["height"] > viewport["height"] - 200:  # a tall widget: a taller window, so that all of it is on screen
+        page.set_viewport_size({"width": viewport["width"], "height": int(box["height"]) + 300})
+        page.wait_for_timeout(500)  # JupyterLab lays the notebook out again
+        element.scroll_into_view_if_needed()
+    try:
+        element.screenshot(path=folder / f"{name}.png", animations="disabled")
+    finally:
+        page.set_viewport_size(viewport)
 
 
 def shoot_every_output(notebook: Notebook):
@@ -591,8 +600,9 @@ def shoot_every_output(notebook: Notebook):
         for k in range(outputs.count()):
             output = outputs.nth(k)
             mime = output.get_attribute("data-mime-type") or ""
-            if mime in SHOT_MIMES and output.bounding_box():
-                shoot(notebook, output, f"cell{index:03d}-{k}-{mime.split('/')[-1].split('.')[-1].split('+')[0]}")
+            kind = "widget" if output.locator(".jupyter-widgets").count() else mime.split("/")[-1]
+            if (mime in SHOT_MIMES or kind == "widget") and output.bounding_box():
+                shoot(notebook, output, f"cell{index:03d}-{k}-{kind}")
 
 
 def write_gallery_index():
