@@ -115,18 +115,20 @@ def plot_embedding_sources(input_ids, tasks, task_vocab_size, vocab_size: int, t
     n_table = int(from_table.sum())
     strip.set_title(f"{length - n_table} ids from the word embedding, {n_table} from the prompt table", loc="left",
                     fontsize=11)  # fmt: skip
-    strip.legend(handles=[Patch(color=WORD_EMBEDDING_COLOR, label="id < V: wte row id"),
-                          Patch(color=PROMPT_TABLE_COLOR, label="id ≥ V: prompt_table row")],
-                 loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=9, frameon=False,
-                 borderaxespad=0.1)  # fmt: skip
+    rows.legend(handles=[Patch(color=WORD_EMBEDDING_COLOR, label="id < V: wte row id"),
+                         Patch(color=PROMPT_TABLE_COLOR, label="id ≥ V: prompt_table row")],
+                loc="upper left", fontsize=9, framealpha=0.9)  # fmt: skip
     rows.plot(entries[:, 1].tolist(), entries[:, 3].tolist(), ".", color="#15803d", markersize=3)
     if len(entries):
         first, last = entries[0].tolist(), entries[-1].tolist()
-        lift = 0.3 * max(1, last[3] - first[3])
-        for (_, pos, fake, row), side, dy in ((first, "left", lift), (last, "right", -lift)):
-            rows.annotate(f"position {pos}: fake id {fake}\n→ prompt_table row {row}", xy=(pos, row),
-                          xytext=(pos + (0.02 if side == "left" else -0.02) * length, row + dy), ha=side,
-                          va="center", fontsize=9, arrowprops=dict(arrowstyle="-|>", color="gray"))  # fmt: skip
+        height = max(1, last[3] - first[3])  # the annotations go under the rising line, where it leaves room
+        for (_, pos, fake, row), x, y in (
+            (first, first[1] + 0.3 * length, first[3] + 0.06 * height),
+            (last, last[1] - 0.02 * length, first[3] + 0.42 * height),
+        ):
+            rows.annotate(f"position {pos}: fake id {fake}\n→ prompt_table row {row}", xy=(pos, row), xytext=(x, y),
+                          ha="left" if pos == first[1] else "right", va="center", fontsize=9,
+                          arrowprops=dict(arrowstyle="-|>", color="gray"))  # fmt: skip
     rows.set(xlabel="position in the sequence", ylabel="table row read", xlim=(-0.5, length - 0.5))
     rows.grid(alpha=0.3)
     return strip, rows
