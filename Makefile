@@ -9,6 +9,8 @@
 #   make site                the course as a website (Jupyter Book) in site/_build/html, notebooks with their outputs
 #   make site-test           build it and check every page in headless Chromium
 #   make class-load          a class on one JupyterHub server, measured (root, loopback only; docs/workshop.md)
+#   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
+#                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
 #   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
@@ -55,7 +57,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # that message is filtered out, by its text
 PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
+.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
 
 setup: $(COURSE_STAMP)
 
@@ -150,6 +152,11 @@ notebooks: $(TEST_STAMP)
 browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
+
+screenshots: $(BROWSER_STAMP)
+	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
+	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py -k test_notebook_runs_in_the_browser
+	@echo "the gallery: course-output/browser-gallery/index.html"
 
 # The course as a website: Jupyter Book 1.x builds build/site/_build/html from the stored outputs (nothing runs);
 # SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons

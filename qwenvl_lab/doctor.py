@@ -514,6 +514,24 @@ def check_tensorrt() -> Check:
     return Check("tensorrt", OK, "not installed (optional: NVIDIA GPU machines, docs/tensorrt.md and `make trtllm`)")
 
 
+def check_cjk_font() -> Check:
+    """A CJK font for the Chinese in the figures: the machine's, else only the course's own subset (fonts.py)."""
+    from . import fonts
+
+    if not fonts.shipped_font().is_file():
+        return Check("font", WARN, f"the course's font {fonts.shipped_font()} is missing", INSTALL_COURSE)
+    found = fonts.system_cjk_font()
+    if found is not None:
+        return Check("font", OK, f"{found[0]} ({found[1]}), and the course's own for what it lacks")
+    return Check(
+        "font",
+        WARN,
+        f"no CJK font on this machine: figures draw Chinese with the course's own ({len(fonts.shipped_characters())} "
+        "characters: the common ones and the course's); rarer characters show as empty boxes",
+        fonts.GET_A_FONT,
+    )
+
+
 CHECKS = (
     check_python,
     check_torch,
@@ -525,6 +543,7 @@ CHECKS = (
     check_disk,
     check_memory,
     check_tensorrt,
+    check_cjk_font,
 )
 
 
@@ -557,6 +576,20 @@ def format_check(check: Check) -> str:
 def course_installed(find_spec=util.find_spec) -> bool:
     """Whether any of the course's main packages is importable here (else only the first stage runs)."""
     return any(find_spec(name) is not None for name in COURSE_PACKAGES)
+
+
+def format_for_notebook(results) -> str:
+    """The terminal's lines (format_check) for `results`, with this checkout shown relative to the working folder, the
+    Python environment as <python env> and the home folder as ~, so a stored notebook shows no machine's paths."""
+    from . import resources  # the package, imported only where the installed checks need it (module docstring)
+
+    checkout = resources.checkout_dir()
+    places = [(str(checkout), os.path.relpath(checkout))] if checkout is not None else []
+    places += [(sys.prefix, "<python env>"), (str(Path.home()), "~")]
+    text = "\n".join(format_check(check) for check in results)
+    for path, shown in sorted(places, key=lambda p: -len(p[0])):
+        text = text.replace(path, shown)
+    return text
 
 
 def main(argv=None) -> int:

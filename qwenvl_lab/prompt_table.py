@@ -1,5 +1,6 @@
 """Notebook 04 — the prompt table: `ptuning_setup` and TensorRT-LLM's `PromptTuningEmbedding` lookup."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +263,77 @@ def check_image_count(img_pos: torch.Tensor, input_vit: torch.Tensor) -> None:
             f"the ids hold {img_pos.shape[0]} image spans but input_vit has shape {tuple(input_vit.shape)}; "
             "give one [256, H] feature block per image, in order"
         )
+
+
+# Which rows each fake id reads: the lookup's rule, row by row, and the table's layout it gives
+
+
+def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: int | None = None) -> torch.Tensor:
+    """(sequence, position, fake id, table row) of every id >= vocab_size: row = id - V + task × task_vocab_size."""
+    input_ids = as_batch(input_ids)  # [B, L]
+    tasks = torch.as_tensor(tasks).reshape(-1).long()
+    if tasks.shape[0] != input_ids.shape[0]:
+        raise ValueError(f"{tasks.shape[0]} tasks for a batch of {input_ids.shape[0]}: give one task per sequence")
+    if (tasks < 0).any():
+        raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
+    task_vocab_size = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+    seq, pos = torch.where(input_ids >= vocab_size)
+    fake = input_ids[seq, pos]
+    rows = fake - vocab_size + tasks[seq] * task_vocab_size
+    if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
+        raise ValueError(
+            f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
+            "(on a GPU engine this read would go out of bounds)"
+        )
+    return torch.stack([seq, pos, fake, rows], dim=1)  # [M, 4]
+
+
+@dataclass(frozen=True)
+class TableBlock:
+    """Rows start…stop-1 of a prompt table: read by picture `picture` (from 0) of request `request`, or by nobody
+    (request and picture None: unused rows)."""
+
+    start: int
+    stop: int
+    request: int | None
+    picture: int | None
+
+
+def table_layout(requests, tasks, task_vocab_size, vocab_size: int, table_rows: int) -> list[TableBlock]:
+    """The blocks of a prompt table of `table_rows` rows that the fake ids of `requests` (a [B, L] batch or a list of
+    1-D id sequences, image spans holding fake ids) read, in row order, with the unused rows between them: each
+    request's k-th image span is its picture k, its rows found by `lookup_rows` (id - V + task × task_vocab_size)."""
+    sequences = list(as_batch(requests)) if isinstance(requests, torch.Tensor) else [as_batch(r)[0] for r in requests]
+    tasks = torch.as_tensor(tasks).reshape(-1)
+    if tasks.shape[0] != len(sequences):
+        raise ValueError(f"{tasks.shape[0]} tasks for {len(sequences)} requests: give one task per request")
+    table_rows = check_int("table_rows", table_rows, 1)
+    used = []
+    for request, (ids, task) in enumerate(zip(sequences, tasks.tolist())):
+        entries = lookup_rows(ids, [task], task_vocab_size, vocab_size, table_rows)  # [M, 4]
+        spans = locate_img_pos(ids)  # [N, 3]: the tags stay around the fake ids
+        for picture, (_, a, b) in enumerate(spans.tolist()):
+            rows = entries[(entries[:, 1] > a) & (entries[:, 1] < b), 3].tolist()
+            for first, last in _runs(sorted(set(rows))):
+                used.append(TableBlock(first, last + 1, request, picture))
+    used.sort(key=lambda block: (block.start, block.request))
+    blocks, row = [], 0
+    for block in used:
+        if block.start > row:
+            blocks.append(TableBlock(row, block.start, None, None))
+        blocks.append(block)
+        row = max(row, block.stop)
+    if row < table_rows:
+        blocks.append(TableBlock(row, table_rows, None, None))
+    return blocks
+
+
+def _runs(values: list[int]) -> list[tuple[int, int]]:
+    """(first, last) of each run of consecutive ints in sorted `values`."""
+    runs = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    return runs

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 # lowest first; a module imports from lower layers and, inside a subpackage, from its own subpackage (without cycles)
 LAYERS = [
     ["files", "resources", "claims"],
-    ["tokenizing"],
+    ["tokenizing", "fonts"],
     ["img_pos"],
     ["fake_ids"],
     ["prompt_table"],
@@ -23,6 +23,7 @@ LAYERS = [
     ["engine"],
     ["trtllm"],
     ["toy"],
+    ["diagrams"],
     ["widgets", "course_map", "exercises"],
     ["bench", "doctor", "lab", "study_time"],
     ["factcheck", "classload", "website"],

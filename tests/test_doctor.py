@@ -386,3 +386,35 @@ def test_command_line_exits_non_zero_when_the_model_is_missing(tmp_path):
     assert any(line.startswith("fail  model") for line in lines)
     assert any(line.startswith("ok    vocabulary") for line in lines)
     assert f"fix: unset {toy.CHECKPOINT_ENV}" in result.stdout
+
+
+# The CJK font check and the notebook's report
+
+
+def test_the_font_line_says_whether_the_machine_has_a_cjk_font_and_how_to_get_one(monkeypatch):
+    from qwenvl_lab import fonts
+
+    monkeypatch.setattr(fonts, "system_cjk_font", lambda: None)
+    found = doctor.check_cjk_font()
+    assert found.status == WARN and "no CJK font on this machine" in found.detail
+    assert "fonts-noto-cjk" in doctor.format_check(found)  # the fix line says how to get one
+    monkeypatch.setattr(fonts, "system_cjk_font", lambda: ("Noto Sans CJK SC", "/fonts/NotoSansCJK-Regular.ttc"))
+    found = doctor.check_cjk_font()
+    assert found.status == OK and "Noto Sans CJK SC" in found.detail
+    monkeypatch.setattr(fonts, "shipped_font", lambda: Path("/nowhere/qwenvl-lab-cjk.ttf"))
+    assert doctor.check_cjk_font().status == WARN
+
+
+def test_the_notebook_report_shows_the_terminals_detail_without_machine_paths(monkeypatch, tmp_path):
+    checks = [
+        Check("gpu", OK, "none: the course runs on the CPU (the GPU parts are skipped)"),
+        Check("python", OK, f"3.12.1 ({sys.executable})"),
+        Check("vocabulary", OK, f"{resources.vocab_file()} (sha256 …)"),
+        Check("disk", WARN, f"1.0 GiB free at {Path.home() / 'x'}", "free some space"),
+    ]
+    monkeypatch.chdir(resources.PACKAGE_DIR.parent / "notebooks")
+    report = doctor.format_for_notebook(checks)
+    assert report.splitlines()[0] == doctor.format_check(checks[0])  # "ok gpu none: …", as in the terminal
+    assert "../data/qwen.tiktoken" in report and "<python env>" in report and "~/x" in report
+    assert "fix: free some space" in report
+    assert str(resources.PACKAGE_DIR.parent) not in report and sys.prefix not in report

@@ -75,6 +75,7 @@ def test_wheel_lists_every_subpackage():
         "qwenvl_lab.data.images",
         "qwenvl_lab.data.benchmarks",
         "qwenvl_lab.data.benchmarks.jupyterhub",
+        "qwenvl_lab.data.fonts",
     }
     assert listed - found == data
 

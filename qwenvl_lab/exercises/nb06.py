@@ -146,13 +146,13 @@ def check_greedy(my_greedy):
     return None
 
 
-@exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 24 new ids)")
+@exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 40 new ids)")
 def check_end_count(count):
     """The check of exercise 06.2: None when the answer is right, else a hint."""
     if whole_number(count) is None:
         return "answer with an int"
     count = whole_number(count)
-    out = engine_output("red_circle.png", "图片里是什么？", 24)
+    out = engine_output("red_circle.png", "图片里是什么？", 40)
     new = out["output_ids"][0, 0, out["input_len"] :].tolist()
     if count == new.count(IM_END_ID):
         return None
