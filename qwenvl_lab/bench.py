@@ -53,7 +53,7 @@ NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="qwenvl-lab bench", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--model",
         choices=MODELS,
@@ -379,6 +379,10 @@ def engine_generate(runner, requests, table, new_tokens: int) -> torch.Tensor:
     return torch.stack([out[i, 0, len(ids) : len(ids) + new_tokens] for i, ids in enumerate(requests)]).long()
 
 
+class MachineTooBusy(RuntimeError):
+    """The timings came out inconsistent because other work ran on the machine: rerun, differently."""
+
+
 def measure(generate, requests, table, new_tokens: int, repeats: int, device, baseline: int) -> dict:
     """TTFT (a 1-token run), decode speed ((N-1) tokens ÷ (N-token run - TTFT)), peak memory, tokens."""
 
@@ -395,7 +399,7 @@ def measure(generate, requests, table, new_tokens: int, repeats: int, device, ba
         total, tokens = timed(new_tokens)
     total = min([total] + [timed(new_tokens)[0] for _ in range(repeats - 1)])
     if total <= ttft:
-        raise RuntimeError(
+        raise MachineTooBusy(
             f"the {new_tokens}-token run ({total * 1e3:.1f} ms) was not slower than the 1-token run ({ttft * 1e3:.1f} ms): "
             "the machine is too busy to measure; rerun with more --repeats or --new-tokens "
             "(and --threads 1 on a shared CPU)"
@@ -691,7 +695,11 @@ def main(argv=None) -> dict:
         report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
         print(json.dumps(report, indent=2))
         return report
-    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **run_benchmark(args, argv)}
+    try:
+        results = run_benchmark(args, argv)
+    except MachineTooBusy as err:
+        sys.exit(f"qwenvl-lab bench: {err}")  # advice, not a bug: one line, no traceback
+    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **results}
     print(format_table(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -76,11 +76,15 @@ def ask_main(argv=None) -> int:
     """`qwenvl-lab ask`: one question about zero or more pictures, answered greedily."""
     parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__)
     parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
-    parser.add_argument("--question", default="图片里是什么？")
+    parser.add_argument("--question", default="图片里是什么？", help="the question (default: %(default)s)")
     parser.add_argument("--engine", help="an engine directory (build_engine's); default: the course's model, eager")
     parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--max-new-tokens", type=count(1), default=64)
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=count(1), default=64, help="the most tokens the answer may have (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     if args.engine and args.checkpoint:
         parser.error("give --engine or --checkpoint, not both")
@@ -194,13 +198,17 @@ def chat_main(argv=None, read=input, write=print) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
     parser.add_argument(
         "--sample",
         action="store_true",
         help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy",
     )
-    parser.add_argument("--max-new-tokens", type=count(1), default=128)
+    parser.add_argument(
+        "--max-new-tokens", type=count(1), default=128, help="the most tokens an answer may have (default: %(default)s)"
+    )
     parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
     args = parser.parse_args(argv)
     if args.boxes is not None and args.boxes.exists() and not args.boxes.is_dir():

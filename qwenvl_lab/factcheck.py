@@ -38,7 +38,7 @@ from .checkpoint import load_checkpoint, load_config
 from .checks.tensors import as_batch, dtype_name
 from .claims import Claim, check_verdict, claims_table, recorded
 from .img_pos import locate_img_pos
-from .prompt_table import prompt_tuning_embedding, single_table_batch, table_rows
+from .prompt_table import prompt_tuning_embedding, rows_read, single_table_batch
 from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy.shapes import answer_matches
 from .vision import VisionTransformer
@@ -161,7 +161,7 @@ def bare_injections(model, input_ids, input_vit: torch.Tensor) -> dict:
     def lookup():
         prompt = fake_ids > vocab_size - 1  # [B, L]
         normal = F.embedding(torch.where(prompt, vocab_size - 1, fake_ids), wte)
-        rows = F.embedding(torch.where(prompt, table_rows(fake_ids, tasks, task_vocab_size, vocab_size), 0), table)
+        rows = F.embedding(torch.where(prompt, rows_read(fake_ids, tasks, task_vocab_size, vocab_size), 0), table)
         return torch.where(prompt[..., None], rows, normal)
 
     def overwrite():

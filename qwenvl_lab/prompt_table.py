@@ -1,5 +1,6 @@
 """Notebook 04 — the prompt table: `ptuning_setup` and TensorRT-LLM's `PromptTuningEmbedding` lookup."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from .checks.tensors import (
     check_rows_per_request,
     check_rows_read,
     check_runtime_table,
+    one_int,
     parse_tasks,
     to_torch_dtype,
 )
@@ -49,7 +51,7 @@ def runtime_prompt_table(prompt_table, hidden_size: int, dtype) -> torch.Tensor:
     return check_runtime_table(prompt_table, hidden_size, dtype)
 
 
-def table_rows(input_ids: torch.Tensor, tasks: torch.Tensor, task_vocab_size: int, vocab_size: int) -> torch.Tensor:
+def rows_read(input_ids: torch.Tensor, tasks: torch.Tensor, task_vocab_size: int, vocab_size: int) -> torch.Tensor:
     """The prompt-table row each id of input_ids [B, L] reads: id − vocab_size + task · task_vocab_size (negative or
     meaningless for vocabulary ids)."""
     return input_ids - vocab_size + tasks[:, None] * task_vocab_size  # [B, L]
@@ -68,7 +70,7 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
     input_ids, tasks, task_vocab_size = check_lookup_inputs(
         input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size
     )
-    rows = table_rows(input_ids, tasks, task_vocab_size, vocab_size)  # [B, L]
+    rows = rows_read(input_ids, tasks, task_vocab_size, vocab_size)  # [B, L]
     for b in range(input_ids.shape[0]):  # every row read lies in the table and is finite
         check_rows_read(b, input_ids[b], rows[b], vocab_size, prompt_table, len(prompt_table), table_size(prompt_table))
     return lookup(input_ids, vocab_embedding, prompt_table, rows, vocab_size)
@@ -129,3 +131,70 @@ def per_request_tables(
         first += n
     tasks = torch.arange(input_ids.shape[0], dtype=torch.int32)
     return ids, table.reshape(-1, input_vit.shape[-1]), tasks, table.shape[1]
+
+
+# Which rows each fake id reads: the lookup's rule, row by row, and the table's layout it gives
+
+
+def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: int | None = None) -> torch.Tensor:
+    """(sequence, position, fake id, table row) of every id >= vocab_size: row = id - V + task × task_vocab_size."""
+    input_ids = as_batch(input_ids)  # [B, L]
+    tasks = torch.tensor(parse_tasks(tasks, input_ids.shape[0]))  # [B]
+    task_vocab_size = one_int(task_vocab_size, "task_vocab_size", 0)
+    seq, pos = torch.where(input_ids >= vocab_size)
+    rows = rows_read(input_ids, tasks, task_vocab_size, vocab_size)[seq, pos]  # [M]
+    if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
+        raise ValueError(
+            f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
+            "(on a GPU engine this read would go out of bounds)"
+        )
+    return torch.stack([seq, pos, input_ids[seq, pos], rows], dim=1)  # [M, 4]
+
+
+@dataclass(frozen=True)
+class TableBlock:
+    """Rows start…stop-1 of a prompt table: read by picture `picture` (from 0) of request `request`, or by nobody
+    (request and picture None: unused rows)."""
+
+    start: int
+    stop: int
+    request: int | None
+    picture: int | None
+
+
+def table_layout(requests, tasks, task_vocab_size, vocab_size: int, table_rows: int) -> list[TableBlock]:
+    """The blocks of a prompt table of `table_rows` rows that the fake ids of `requests` (a [B, L] batch or a list of
+    1-D id sequences, image spans holding fake ids) read, in row order, with the unused rows between them: each
+    request's k-th image span is its picture k, its rows found by `lookup_rows` (id - V + task × task_vocab_size)."""
+    sequences = list(as_batch(requests)) if isinstance(requests, torch.Tensor) else [as_batch(r)[0] for r in requests]
+    tasks = parse_tasks(tasks, len(sequences))
+    table_rows = check_int("table_rows", table_rows, 1)
+    used = []
+    for request, (ids, task) in enumerate(zip(sequences, tasks)):
+        entries = lookup_rows(ids, [task], task_vocab_size, vocab_size, table_rows)  # [M, 4]
+        spans = locate_img_pos(ids)  # [N, 3]: the tags stay around the fake ids
+        for picture, (_, a, b) in enumerate(spans.tolist()):
+            rows = entries[(entries[:, 1] > a) & (entries[:, 1] < b), 3].tolist()
+            for first, last in _runs(sorted(set(rows))):
+                used.append(TableBlock(first, last + 1, request, picture))
+    used.sort(key=lambda block: (block.start, block.request))
+    blocks, row = [], 0
+    for block in used:
+        if block.start > row:
+            blocks.append(TableBlock(row, block.start, None, None))
+        blocks.append(block)
+        row = max(row, block.stop)
+    if row < table_rows:
+        blocks.append(TableBlock(row, table_rows, None, None))
+    return blocks
+
+
+def _runs(values: list[int]) -> list[tuple[int, int]]:
+    """(first, last) of each run of consecutive ints in sorted `values`."""
+    runs = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    return runs

@@ -19,7 +19,7 @@ from .checks.tensors import INT32_MAX, as_id_list, check_rows_read, one_int, par
 from .checks.values import check_choice, check_int, check_number, is_int
 from .img_pos import locate_img_pos
 from .limits import BuildConfig
-from .prompt_table import runtime_prompt_table, table_rows, table_size
+from .prompt_table import rows_read, runtime_prompt_table, table_size
 from .tokenizing import IM_END_ID, IMAGE_START_ID
 
 
@@ -93,7 +93,7 @@ def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[
 @dataclass
 class CheckedRequest:
     """A batch that passed `check_request`: ids on the CPU, the table in the engine dtype, one task per request, and
-    the table row each id reads (`prompt_table.table_rows`; meaningful where the id is a fake one)."""
+    the table row each id reads (`prompt_table.rows_read`; meaningful where the id is a fake one)."""
 
     ids: list[torch.Tensor]  # [L_i] int64 each
     table: torch.Tensor | None  # [rows, H] in the engine dtype, or None without images
@@ -191,7 +191,7 @@ def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then Tenso
     table, tasks, tvs, ends, where = _table_of(
         build, vocab_size, hidden_size, ids, prompt_table, prompt_tasks, task_vocab_size
     )
-    rows = [table_rows(seq[None], torch.tensor([task]), tvs, vocab_size)[0] for seq, task in zip(ids, tasks)]
+    rows = [rows_read(seq[None], torch.tensor([task]), tvs, vocab_size)[0] for seq, task in zip(ids, tasks)]
     for i, seq in enumerate(ids):
         if table is not None:
             check_rows_read(i, seq, rows[i], vocab_size, table, ends[i], where[i])

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 LAYERS = [
     ["checks"],
     ["files", "resources", "claims", "pictures"],
-    ["tokenizing"],
+    ["tokenizing", "fonts"],
     ["img_pos"],
     ["fake_ids"],
     ["prompt_table"],
@@ -25,9 +25,10 @@ LAYERS = [
     ["chat"],
     ["infer", "trtllm.pipeline"],
     ["toy"],
+    ["diagrams"],
     ["widgets", "course_map", "exercises", "listing"],
     ["bench", "doctor", "lab", "study_time"],
-    ["factcheck"],
+    ["factcheck", "classload", "website"],
     ["cli"],
 ]
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}

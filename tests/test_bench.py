@@ -108,3 +108,13 @@ def test_integrity_cost_reports_each_verify_level():
     report = bench.main(["--integrity", "--model", "tiny", "--repeats", "1"])
     assert report["load_s"].keys() == {"none", "quick", "full"} and report["engine_bytes"] > 10**6
     assert report["full_size_full_check_s"] == report["full_size_engine_bytes"] / report["checksum_bytes_per_s"]
+
+
+def test_a_busy_machine_gets_one_line_of_advice(monkeypatch, capsys):
+    def too_busy(*args, **kwargs):
+        raise bench.MachineTooBusy("the machine is too busy to measure; rerun with more --repeats")
+
+    monkeypatch.setattr(bench, "measure", too_busy)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "tiny", "--batch", "1", "--new-tokens", "4", "--repeats", "1", "--no-eager"])
+    assert exit_info.value.code == "qwenvl-lab bench: the machine is too busy to measure; rerun with more --repeats"

@@ -33,6 +33,20 @@ def test_each_subcommand_has_help(name, capsys):
     assert exit_info.value.code == 0 and f"{name}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", sorted(cli.SUBCOMMANDS))
+def test_each_subcommand_names_itself_in_its_usage(name, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: qwenvl-lab {name} ")
+
+
+def test_ask_shows_every_default_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["ask", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 图片里是什么？)" in out and "(default: cpu)" in out and "(default: 64)" in out
+
+
 def test_ask_answers_about_a_picture(capsys):
     assert (
         cli.main(

@@ -190,7 +190,7 @@ def eager_request(course, picture, question):
 
 def end_count(course, change=0):
     ids, table = eager_request(course, "red_circle.png", "图片里是什么？")
-    out = ModelAsRunner(course[3]).generate([ids], prompt_table=table, max_new_tokens=24)
+    out = ModelAsRunner(course[3]).generate([ids], prompt_table=table, max_new_tokens=40)
     return out[0, 0, len(ids) :].tolist().count(IM_END_ID) + change
 
 

@@ -7,7 +7,7 @@ import torch
 from ..chat import ModelAsRunner, ask_batch
 from ..limits import BuildConfig
 from ..modeling import QWenVLConfig
-from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch, table_rows
+from ..prompt_table import per_request_tables, prompt_tuning_embedding, rows_read, single_table_batch
 from ..resources import images_dir
 from ..tokenizing import (
     ENDOFTEXT_ID,
@@ -99,7 +99,7 @@ def fake_rows_hint(name, ids, table, tasks, task_vocab_size, vocab_size, got) ->
     fake, tasks = ids >= vocab_size, tasks.long()  # [B, L], [B]
 
     def rows_by(block):  # the rows the fake ids read with tasks of `block` rows each
-        return table_rows(ids, tasks, block, vocab_size)  # [B, L]
+        return rows_read(ids, tasks, block, vocab_size)  # [B, L]
 
     right = rows_by(int(task_vocab_size))
 
@@ -181,7 +181,7 @@ def check_row_of_request_1(answer):
     """Row (id − V) + task · task_vocab_size for id 151940, task 1, task_vocab_size 512."""
     fake_id, task, task_vocab_size = 151940, 1, 512
     offset = fake_id - MODEL_VOCAB_SIZE
-    row = int(table_rows(torch.tensor([[fake_id]]), torch.tensor([task]), task_vocab_size, MODEL_VOCAB_SIZE))
+    row = int(rows_read(torch.tensor([[fake_id]]), torch.tensor([task]), task_vocab_size, MODEL_VOCAB_SIZE))
     return number_hint(
         answer,
         row,
@@ -262,7 +262,7 @@ def check_table_rows(answer):
     session = len(single_table_batch(batch, input_vit, MODEL_VOCAB_SIZE)[1])
     block = INFLIGHT_BUILD.rows_per_request
     _, _, tasks, task_vocab_size = per_request_tables(batch, input_vit, MODEL_VOCAB_SIZE, rows_per_request=block)
-    first = int(table_rows(torch.tensor([[MODEL_VOCAB_SIZE]]), tasks[2:], task_vocab_size, MODEL_VOCAB_SIZE))
+    first = int(rows_read(torch.tensor([[MODEL_VOCAB_SIZE]]), tasks[2:], task_vocab_size, MODEL_VOCAB_SIZE))
     fullest = 2 * IMG_TOKEN_SPAN
     hint = number_hint(
         session_given,

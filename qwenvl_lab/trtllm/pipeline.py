@@ -169,7 +169,7 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
 
 def main(argv=None) -> int:
     """The command line; exit status 3 when it stops at a GPU step on a machine without the TensorRT stack."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.trtllm.pipeline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="qwenvl-lab trtllm", description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a Qwen-VL checkpoint directory (the course's)")
     parser.add_argument("--image", required=True, help="a picture file")
     parser.add_argument("--question", default="图片里是什么？")
