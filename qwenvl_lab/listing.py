@@ -5,9 +5,20 @@ import inspect
 import re
 
 
-def show_source(function) -> None:
-    """Print the source of `function` (or class) whole."""
-    print(inspect.getsource(function), end="")
+def show_source(function, first: str | None = None, last: str | None = None) -> None:
+    """Print the source of `function` (or class): whole, or from its line holding `first` to the next holding `last`
+    (to its end without `last`); a ValueError when either is no longer in it."""
+    lines = inspect.getsource(function).splitlines(keepends=True)
+    start = 0 if first is None else next((k for k, line in enumerate(lines) if first in line), None)
+    end = (
+        len(lines) - 1
+        if last is None or start is None
+        else next((k for k in range(start, len(lines)) if last in lines[k]), None)
+    )
+    if start is None or end is None:
+        missing = first if start is None else last
+        raise ValueError(f"no line of {function.__qualname__}'s source holds {missing!r}: the listing is out of date")
+    print("".join(lines[start : end + 1]), end="")
 
 
 def excerpt(function, text: str) -> None:

@@ -60,7 +60,7 @@ def rows_read(input_ids: torch.Tensor, tasks: torch.Tensor, task_vocab_size: int
 def lookup(input_ids, vocab_embedding, prompt_table, rows, vocab_size: int) -> torch.Tensor:
     """TensorRT-LLM's PromptTuningEmbedding: ids < vocab_size read the vocabulary, the others row `rows` of the table."""
     prompt = input_ids >= vocab_size  # [B, L]: the fake prompt ids
-    embeddings = vocab_embedding[torch.where(prompt, 0, input_ids)]  # [B, L, H]
+    embeddings = vocab_embedding[torch.where(prompt, vocab_size - 1, input_ids)]  # [B, L, H]: fake ids clipped
     embeddings[prompt] = prompt_table[rows[prompt]]  # each fake id's row of the table
     return embeddings
 
