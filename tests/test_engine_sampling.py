@@ -36,6 +36,14 @@ def test_filter_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p):
     assert torch.allclose(ours[~torch.isinf(ours)], expected[~torch.isinf(expected)])
 
 
+
+@pytest.mark.parametrize("top_p", [0.25, 0.5, 0.75])
+def test_top_p_keeps_the_token_that_reaches_it_and_no_more(top_p):
+    logits = torch.zeros(1, 4)  # four tokens of probability 1/4 each, exactly: the mass reaches top_p on a token
+    expected = TopPLogitsWarper(top_p)(None, logits.clone())
+    ours = filter_logits(logits, 1.0, 0, top_p)
+    assert int(torch.isfinite(ours).sum()) == int(torch.isfinite(expected).sum()) == round(top_p * 4)
+
 def test_greedy_knobs():
     greedy = [SamplingConfig(top_k=1).greedy, SamplingConfig(temperature=0.5, top_k=0, top_p=0.0).greedy]
     assert greedy == [True, True]  # TensorRT-LLM: top_k 1, or top_k 0 with top_p 0
