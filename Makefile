@@ -1,10 +1,17 @@
 # qwenvl-lab: `make lab` opens the course, `make test` runs every test (unit tests + notebooks).
 #
 #   make lab                 install the course into .venv, copy the notebooks into my-notebooks/, open JupyterLab
-#   make doctor              check the machine: Python, torch, vocabulary, toy model, JupyterLab, disk, memory, GPU
-#   make test                add the test tools, run the unit tests and the course notebooks (make unit, make notebooks)
+#   make doctor              check the machine: before installing (Python, venv, make, disk, memory, the package
+#                            indexes; needs nothing installed), then the installed course (torch, vocabulary, model, …)
+#   make test                add the test tools, run every test: the unit tests (slow ones too) and the course notebooks
+#   make unit                the unit tests without those marked slow (a few minutes; make test runs them all)
 #   make browser             the course in JupyterLab in headless Chromium: every notebook run, its widgets driven
 #                            (needs Debian's chromium: apt-get install chromium; adds Playwright for Python to .venv)
+#   make site                the course as a website (Jupyter Book) in site/_build/html, notebooks with their outputs
+#   make site-test           build it and check every page in headless Chromium
+#   make class-load          a class on one JupyterHub server, measured (root, loopback only; docs/workshop.md)
+#   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
+#                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
 #   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
@@ -12,21 +19,26 @@
 #
 # Settings (make lab VAR=value):
 #   PYTHON       the interpreter that creates .venv; default: the first of python3.13, python3.12, python3.11,
-#                python3.10, python3, python that is Python 3.10–3.13
-#   TORCH_INDEX  the PyTorch wheel index for Linux; default: the CPU builds (PyPI's Linux torch is a CUDA build of several
-#                GB). Its build (cpu, cu130, …) is first looked for among pip's own sources (pip.conf: find-links, a
-#                wheelhouse an instructor provides), then taken from the index. TORCH_INDEX= (empty) installs PyPI's
-#                build. macOS and Windows always use PyPI, whose wheels there are CPU builds.
+#                python3, python that is Python 3.11–3.13 (transformers 5.24 needs 3.11)
+#   TORCH_INDEX  the PyTorch wheel index for Linux; default: the CPU builds (PyPI's Linux torch is a CUDA build: 2.7 GB
+#                of downloads, 5.6 GB in .venv). Its build (cpu, cu130, …) is first looked for among pip's own
+#                sources (pip.conf: find-links, a wheelhouse an instructor provides), then taken from the index.
+#                TORCH_INDEX= (empty) installs PyPI's build. macOS and Windows always use PyPI (CPU builds there).
+#   PREFLIGHT    the doctor's arguments for its check before .venv is created (default --before-install; add
+#                --no-network on a machine whose pip works through find-links alone; PREFLIGHT= skips the check)
 #   LAB_ARGS     more JupyterLab arguments, e.g. on a remote machine: make lab LAB_ARGS="--ip=0.0.0.0 --port=8888 --no-browser"
 #                (as root, --allow-root is added by itself)
 #
 # Without make (Windows): docs/install.md.
 
-PYTHON_CANDIDATES := python3.13 python3.12 python3.11 python3.10 python3 python
-PYTHON_OK := import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))
+PYTHON_CANDIDATES := python3.13 python3.12 python3.11 python3 python
+PYTHON_OK := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
 PYTHON ?= $(firstword $(foreach p,$(PYTHON_CANDIDATES),$(shell $(p) -c '$(PYTHON_OK)' >/dev/null 2>&1 && echo $(p))))
+# any Python 3 at all: the doctor runs on it to say what is wrong and how to get a supported one
+PYTHON_ANY := $(firstword $(foreach p,$(PYTHON_CANDIDATES),$(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 6))' >/dev/null 2>&1 && echo $(p))))
 TORCH_VERSION := 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+PREFLIGHT ?= --before-install
 LAB_ARGS ?=
 
 VENV := .venv
@@ -37,21 +49,35 @@ TORCH_STAMP := $(VENV)/.torch-$(TORCH_VERSION)
 COURSE_STAMP := $(VENV)/.course
 TEST_STAMP := $(VENV)/.test
 BROWSER_STAMP := $(VENV)/.browser
+HUB_STAMP := $(VENV)/.hub
+SITE_STAMP := $(VENV)/.site
 PYTEST := $(PY) -m pytest -p no:cacheprovider
+# setuptools' editable install (a meta-path finder: data/ is mapped to qwenvl_lab.data) ends with an informational
+# "Editable installation. Please be careful with folders in your working directory with the same name as your
+# package" (setuptools.warnings.InformationOnly), which pip 26 prints as a BuildBackendWarning at every install; only
+# that message is filtered out, by its text
+PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser fuzz clean clean-all trtllm trtllm-env regenerate
+.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
 
 setup: $(COURSE_STAMP)
 
+# Nothing is created before the doctor's first stage (standard library only) passes: Python 3.11-3.13, venv and
+# ensurepip, disk, memory, the package index and the torch index (or a torch wheel among pip's find-links)
 $(VENV_STAMP):
 	@if [ ! -x "$(PY)" ]; then \
-	    python="$(PYTHON)"; \
+	    python="$(or $(PYTHON),$(PYTHON_ANY))"; \
 	    if [ -z "$$python" ]; then \
-	        echo "error: no Python 3.10-3.13 found (tried $(PYTHON_CANDIDATES)); install one (python.org, brew, apt)" \
-	             "or name it: make $(or $(MAKECMDGOALS),setup) PYTHON=/path/to/python3.12" >&2; exit 1; \
+	        echo "error: no Python 3 found (tried $(PYTHON_CANDIDATES)); the course needs Python 3.11-3.13:" \
+	             "docs/install.md, 'Getting Python 3.11-3.13', says how to get one" >&2; exit 1; \
+	    fi; \
+	    if [ -n "$(PREFLIGHT)" ] || ! "$$python" -c '$(PYTHON_OK)' 2>/dev/null; then \
+	        TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.doctor --before-install $(filter-out --before-install,$(PREFLIGHT)) || { \
+	            echo "error: nothing was installed; fix what the doctor says (fix: lines), then run make $(or $(MAKECMDGOALS),setup) again" >&2; \
+	            exit 1; }; \
 	    fi; \
 	    if ! "$$python" -c '$(PYTHON_OK)'; then \
-	        echo "error: PYTHON=$$python is not Python 3.10-3.13 ($$("$$python" --version 2>&1));" \
+	        echo "error: PYTHON=$$python is not Python 3.11-3.13 ($$("$$python" --version 2>&1)); nothing was installed;" \
 	             "name another: make $(or $(MAKECMDGOALS),setup) PYTHON=/path/to/python3.12" >&2; exit 1; \
 	    fi; \
 	    echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV); \
@@ -71,7 +97,11 @@ $(TORCH_STAMP): $(VENV_STAMP)
 	        echo "torch $(TORCH_VERSION)+$$build from pip's own sources"; \
 	    else \
 	        echo "torch $(TORCH_VERSION)+$$build from $(TORCH_INDEX)"; \
-	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)"; \
+	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" || { \
+	            echo "error: torch $(TORCH_VERSION)+$$build did not install from $(TORCH_INDEX). If that index cannot be" \
+	                 "reached from here: make lab TORCH_INDEX= installs PyPI's torch instead (a CUDA build: 2.7 GB of" \
+	                 "downloads, 5.6 GB in .venv), or put the wheel in a folder named in pip.conf's find-links" >&2; \
+	            exit 1; }; \
 	    fi; \
 	else \
 	    echo "torch $(TORCH_VERSION) from PyPI"; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"; \
@@ -79,23 +109,29 @@ $(TORCH_STAMP): $(VENV_STAMP)
 	touch $@
 
 $(COURSE_STAMP): $(TORCH_STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[course]'
+	$(PIP_EDITABLE) '.[course]'
 	touch $@
 
 $(TEST_STAMP): $(COURSE_STAMP)
-	$(PY) -m pip install --quiet -e '.[course,test]'
+	$(PIP_EDITABLE) '.[course,test]'
 	touch $@
 
 # Playwright for Python drives the machine's Chromium: pip installs no browser, and `playwright install` is never run
 $(BROWSER_STAMP): $(TEST_STAMP)
-	$(PY) -m pip install --quiet -e '.[course,test,browser]'
+	$(PIP_EDITABLE) '.[course,test,browser]'
 	touch $@
 
 lab: $(COURSE_STAMP)
 	$(PY) -m qwenvl_lab.lab $(LAB_ARGS)
 
-doctor: $(COURSE_STAMP)
-	$(PY) -m qwenvl_lab.doctor
+# both stages in .venv once it exists; in a bare clone the first stage, with the Python `make lab` would take
+doctor:
+	@python="$(if $(wildcard $(PY)),$(PY),$(or $(PYTHON),$(PYTHON_ANY)))"; \
+	if [ -z "$$python" ]; then \
+	    echo "error: no Python 3 found (tried $(PYTHON_CANDIDATES)); docs/install.md says how to get Python 3.11-3.13" >&2; \
+	    exit 1; \
+	fi; \
+	echo "$$python -m qwenvl_lab.doctor"; TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.doctor
 
 reset: $(COURSE_STAMP)
 	@if [ -z "$(NOTEBOOK)" ]; then echo "usage: make reset NOTEBOOK=03 (a course notebook's number or name)" >&2; exit 2; fi
@@ -105,11 +141,11 @@ test: lint
 	$(PYTEST) -m "not browser" tests notebooks --nbval --nbval-current-env
 
 lint: $(TEST_STAMP)
-	$(PY) -m ruff check qwenvl_lab tests
+	$(PY) -m ruff check qwenvl_lab tests notebooks
 	$(PY) -m ruff format --check qwenvl_lab tests
 
 unit: $(TEST_STAMP)
-	$(PYTEST) -m "not browser" tests
+	$(PYTEST) -m "not browser and not slow" tests
 
 notebooks: $(TEST_STAMP)
 	$(PYTEST) --nbval --nbval-current-env notebooks
@@ -117,6 +153,43 @@ notebooks: $(TEST_STAMP)
 browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
+
+screenshots: $(BROWSER_STAMP)
+	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
+	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py -k test_notebook_runs_in_the_browser
+	@echo "the gallery: course-output/browser-gallery/index.html"
+
+# The course as a website: Jupyter Book 1.x builds build/site/_build/html from the stored outputs (nothing runs);
+# SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons
+SITE_REPOSITORY ?=
+$(SITE_STAMP): $(COURSE_STAMP)
+	$(PIP_EDITABLE) '.[course,site]'
+	touch $@
+
+site: $(SITE_STAMP)
+	$(PY) -m qwenvl_lab.website $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY))
+
+# every page in headless Chromium: renders, links and anchors resolve, figures load, Chinese text shows
+# (needs Debian's chromium and a CJK font: apt-get install chromium fonts-wqy-microhei)
+site-test: $(SITE_STAMP) $(BROWSER_STAMP)
+	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v tests/test_site.py
+
+# A class on one JupyterHub server, measured (docs/workshop.md): as root on Linux, loopback only, stops by itself.
+# JupyterHub and its idle culler join .venv; the proxy (npm's configurable-http-proxy) goes to .venv/hub/.
+CLASS_LEARNERS ?= 4
+CLASS_JSON ?= course-output/class-load.json
+CLASS_ARGS ?=
+CHP := $(VENV)/hub/node_modules/.bin/configurable-http-proxy
+
+$(HUB_STAMP): $(COURSE_STAMP)
+	$(PIP_EDITABLE) '.[course,hub]'
+	@command -v npm >/dev/null || { echo "error: the hub's proxy needs Node.js and npm (Debian/Ubuntu: apt-get install nodejs npm)" >&2; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/hub configurable-http-proxy@5
+	$(PY) -m compileall -q qwenvl_lab
+	touch $@
+
+class-load: $(HUB_STAMP)
+	$(PY) -m qwenvl_lab.classload --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
@@ -130,7 +203,7 @@ clean-all: clean
 # The TensorRT path: export → plan → convert → build → answer one question. The CPU steps run in this venv, the GPU
 # steps in a TensorRT-LLM 1.2.1 environment (its transformers 4.57.3 cannot share this venv). `make trtllm-env` makes
 # one in TRT_ENV in the order of TensorRT-LLM 1.2's install guide, after checking what that guide needs (CUDA Toolkit
-# 13.1 with CUDA_HOME, a driver for it or cuda-compat-13-1, libopenmpi, Python 3.10/3.12) and saying what is missing
+# 13.1 with CUDA_HOME, a driver for it or cuda-compat-13-1, libopenmpi, Python 3.12) and saying what is missing
 # before pip starts; `make trtllm` then uses it (or another: TRT_PY=/path/to/env/bin/python). docs/tensorrt.md has
 # every step. Without the TensorRT stack `make trtllm` writes the ONNX file, the checkpoint and the trtllm-build
 # command, says what the machine lacks, then stops (exit status 3) at the first GPU step. TRT_TP=2 splits the language

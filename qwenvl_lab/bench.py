@@ -37,11 +37,11 @@ import torch.nn.functional as F
 import transformers
 
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
+from .checks.tensors import to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
 from .engine.cuda_graphs import KV_BUCKET
 from .engine.decode import BACKENDS, FAST_PATH
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
-from .prompt_table import to_torch_dtype
 from .resources import images_dir
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy import TOY_DIR
@@ -53,7 +53,7 @@ NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="qwenvl-lab bench", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--model",
         choices=MODELS,
@@ -214,7 +214,7 @@ def bandwidth_probe(weight: torch.Tensor, runs: int, length: int) -> dict:
         "[in, out]": (weight.t().contiguous(), lambda w: x @ w),
     }
     if weight.device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-        from .engine.decode.triton_linear import fused_linear
+        from .engine.decode.triton_linear import fused_linear  # noqa: PLC0415 — triton is optional
 
         layouts["[out, in], Triton"] = (layouts["[out, in]"][0], lambda w: fused_linear(x, w))
     timings = {}
@@ -250,7 +250,7 @@ def products_alone(runner, runs: int, length: int) -> float:
 
     x, attn, mlp = rows(layer0.qkv_t.shape[0]), rows(layer0.dense_t.shape[0]), rows(layer0.proj_t.shape[0])
     if runner.backend == "triton":
-        from .engine.decode.triton_linear import fused_linear as linear  # triton is optional
+        from .engine.decode.triton_linear import fused_linear as linear  # noqa: PLC0415 — triton is optional
 
         residual = torch.zeros(1, x.shape[1], device=device)
 
@@ -387,6 +387,10 @@ def engine_generate(runner, requests, table, new_tokens: int) -> torch.Tensor:
     return torch.stack([out[i, 0, len(ids) : len(ids) + new_tokens] for i, ids in enumerate(requests)]).long()
 
 
+class MachineTooBusy(RuntimeError):
+    """The timings came out inconsistent because other work ran on the machine: rerun, differently."""
+
+
 def measure(generate, requests, table, new_tokens: int, repeats: int, device, baseline: int) -> dict:
     """TTFT (a 1-token run), decode speed ((N-1) tokens ÷ (N-token run - TTFT)), peak memory, tokens."""
 
@@ -403,7 +407,7 @@ def measure(generate, requests, table, new_tokens: int, repeats: int, device, ba
         total, tokens = timed(new_tokens)
     total = min([total] + [timed(new_tokens)[0] for _ in range(repeats - 1)])
     if total <= ttft:
-        raise RuntimeError(
+        raise MachineTooBusy(
             f"the {new_tokens}-token run ({total * 1e3:.1f} ms) was not slower than the 1-token run ({ttft * 1e3:.1f} ms): "
             "the machine is too busy to measure; rerun with more --repeats or --new-tokens "
             "(and --threads 1 on a shared CPU)"
@@ -704,7 +708,11 @@ def main(argv=None) -> dict:
         report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
         print(json.dumps(report, indent=2))
         return report
-    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **run_benchmark(args, argv)}
+    try:
+        results = run_benchmark(args, argv)
+    except MachineTooBusy as err:
+        sys.exit(f"qwenvl-lab bench: {err}")  # advice, not a bug: one line, no traceback
+    report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **results}
     print(format_table(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,14 @@
-"""Notebook 06 — the chat: pictures and a question (after earlier turns) in, an answer out, for any runner.
+"""Notebook 06 — the answer path: pictures and a question (after earlier turns) in, an answer out, for any runner.
 
-The course's pipeline in one place: `make_context` → `img_pos` → fake prompt ids → the prompt table (one per
-request, TensorRT-LLM's in-flight convention) → `generate` → the answer, cut at the first stop id and decoded.
+Every answer of the package takes this one path: `make_prompt` (the turn's query carries its pictures, a history its
+own) → `engine_inputs` (each request's pictures, in the order of its image spans, through the vision encoder; fake
+ids and one table per request, TensorRT-LLM's in-flight convention) → the runner's `generate` → `answers` (each
+request's new ids up to the first stop id, decoded). `ask_batch` and `ask` run it whole, `Conversation` streams it
+turn after turn.
 
-A runner is anything with TensorRT-LLM's `generate(batch_input_ids, prompt_table=, prompt_tasks=, max_new_tokens=,
-end_id=, pad_id=, return_dict=True, …)` and `vocab_size` / `dtype` attributes: the engine's ModelRunner,
-TRTLLMRunner, or `ModelAsRunner` around a QWenLMHeadModel. A vision encoder is anything with
-`encode(pictures) -> input_vit [N, 256, H]`: the model's tower, OnnxVisualEncoder, TRTVisualEncoder.
+A runner is any `requests.Runner`: the engine's ModelRunner, TRTLLMRunner, or `ModelAsRunner` around a
+QWenLMHeadModel. A vision encoder is anything with `encode(pictures) -> input_vit [N, 256, H]`: the model's tower,
+OnnxVisualEncoder, TRTVisualEncoder.
 """
 
 import codecs
@@ -14,12 +16,17 @@ import hashlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
+from .checks.tensors import INT32_MAX, dtype_name, to_torch_dtype
+from .checks.values import check_int
 from .files import field, read_json
-from .prompt_table import per_request_tables, to_torch_dtype
-from .requests import as_id_list, check_sampling, parse_tasks
+from .limits import BuildConfig
+from .pictures import load_image
+from .prompt_table import per_request_tables
+from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, new_tokens
 from .tokenizing import (
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -30,11 +37,11 @@ from .tokenizing import (
     QWenTokenizer,
     make_context,
 )
-from .vision import load_image
 
 SYSTEM = "You are a helpful assistant."
 STOP_IDS = (IM_END_ID, IM_START_ID)  # Qwen-VL-Chat's stop words: the end of its turn, or the start of another
 SPAN_NAME = "picture{k}.png"  # the path written into the span of a picture given as an image object
+UNLIMITED = INT32_MAX  # ModelAsRunner's batch, beam and table limits: none
 
 
 def picture_name(picture, k: int) -> str:
@@ -99,6 +106,82 @@ def answer_text(tokenizer: QWenTokenizer, new_ids) -> str:
     return tokenizer.decode(new_ids[:end])
 
 
+class EngineInputs(NamedTuple):
+    """A batch's inputs for a runner's `generate`, under TensorRT-LLM's names: each request's image spans hold fake ids
+    from vocab_size on, reading its own block of the table (in-flight batching's convention)."""
+
+    batch_input_ids: list[torch.Tensor]  # [L_r] each
+    prompt_table: torch.Tensor | None  # [B · rows, H] in the runner's dtype, None without pictures
+    prompt_tasks: torch.Tensor | None  # [B] int32: request r reads block r
+    task_vocab_size: torch.Tensor | None  # [1] int32: rows a block (as run.py's ptuning_setup gives it)
+
+
+def prompt_inputs(runner, prompts, input_vit=None) -> EngineInputs:
+    """Engine inputs of context ids (prompts [B] of lists of ids) whose image spans stand for input_vit's pictures
+    [N, rows, H], request after request, span after span (None: the spans keep their paths)."""
+    batch = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
+    )  # [B, L]
+    if input_vit is None:
+        return EngineInputs([batch[r, : len(ids)] for r, ids in enumerate(prompts)], None, None, None)
+    fake_ids, table, tasks, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)  # [B, L], [B·rows, H]
+    requests = [fake_ids[r, : len(ids)] for r, ids in enumerate(prompts)]
+    rows = torch.tensor([rows], dtype=torch.int32)
+    return EngineInputs(requests, table.to(to_torch_dtype(runner.dtype)), tasks, rows)
+
+
+def engine_inputs(
+    runner, vision, tokenizer: QWenTokenizer, questions, history=None, system: str = SYSTEM, input_vit=None
+):
+    """Engine inputs of a batch of (pictures, question) pairs, each after the same history.
+
+    Each request's pictures (the history's kept turns' first, then its own) go through `vision`, every distinct
+    picture once, unless `input_vit` [N, 256, H] gives their features, request after request in that order. With
+    vision=None and no input_vit the image spans keep their paths, for a runner that reads pictures itself
+    (`ModelAsRunner`: Qwen-VL's original way).
+    """
+    history = [] if history is None else list(history)
+    turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
+    earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
+    pictures = [p for query, ids in turns for p in context_pictures(query.pictures, earlier, ids)]  # in span order
+    if pictures and vision is None and input_vit is None:
+        image = next((k for k, p in enumerate(pictures) if not isinstance(p, (str, os.PathLike))), None)
+        if image is not None:
+            raise ValueError(
+                f"picture {image + 1} is an image, not a file: give a vision encoder (vision=…) or its features "
+                "(input_vit=…); only a path in an image span can be read by the model itself"
+            )
+    elif pictures and input_vit is None:
+        distinct = {id(p): p for p in pictures}  # a history's pictures are shared by every request: encoded once
+        with torch.inference_mode():
+            encoded = dict(zip(distinct, vision.encode(list(distinct.values()))))  # id → [256, H]
+        input_vit = torch.stack([encoded[id(p)] for p in pictures])  # [N, 256, H]
+    return prompt_inputs(runner, [ids for _, ids in turns], input_vit if pictures else None)
+
+
+def answers(tokenizer: QWenTokenizer, outputs, inputs: EngineInputs) -> list:
+    """Each request's answer in a runner's outputs (beam 0): its new ids up to the first stop id, decoded; on a
+    tensor-parallel rank other than 0 (no outputs) None for each."""
+    requests = inputs.batch_input_ids
+    if outputs is None:  # TensorRT-LLM gives the outputs to rank 0 only
+        return [None] * len(requests)
+    return [answer_text(tokenizer, new_tokens(outputs, r, len(ids))) for r, ids in enumerate(requests)]
+
+
+def answer_inputs(runner, tokenizer: QWenTokenizer, inputs: EngineInputs, max_new_tokens: int = 64, **sampling) -> list:
+    """The answers of a runner to engine inputs, Qwen-VL-Chat's way: greedy unless `sampling` says otherwise, each
+    ending at <|im_end|>."""
+    out = runner.generate(
+        **inputs._asdict(),
+        max_new_tokens=max_new_tokens,
+        end_id=IM_END_ID,
+        pad_id=IM_END_ID,
+        return_dict=True,
+        **sampling,
+    )
+    return answers(tokenizer, out, inputs)
+
+
 def ask_batch(
     runner,
     vision,
@@ -109,55 +192,11 @@ def ask_batch(
     input_vit=None,
     max_new_tokens: int = 64,
     **sampling,
-) -> list[str]:
-    """Answers to a batch of (pictures, question) pairs, each after the same history.
-
-    Each request's pictures (the history's kept turns' first, then its own) go through `vision`, every distinct
-    picture once, unless `input_vit` [N, 256, H] gives their features, request after request in that order. With
-    vision=None and no input_vit the image spans keep their paths and the runner must read the pictures itself
-    (`ModelAsRunner`: Qwen-VL's original way). On a tensor-parallel rank other than 0 (no outputs there) every answer
-    is None.
-    """
-    history = [] if history is None else list(history)
-    turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
-    prompts = [ids for _, ids in turns]
-    earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
-    pictures = [context_pictures(query.pictures, earlier, ids) for query, ids in turns]  # [B][n_r], in span order
-    batch = torch.nn.utils.rnn.pad_sequence(
-        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
-    )  # [B, L]
-    flat, table = [p for ps in pictures for p in ps], None
-    if flat and vision is None and input_vit is None:
-        image = next((k for k, p in enumerate(flat) if not isinstance(p, (str, os.PathLike))), None)
-        if image is not None:
-            raise ValueError(
-                f"picture {image + 1} is an image, not a file: give a vision encoder (vision=…) or its features "
-                "(input_vit=…); only a path in an image span can be read by the model itself"
-            )
-    elif flat:
-        if input_vit is None:
-            distinct = {id(p): p for p in flat}  # a history's pictures are shared by every request: encoded once
-            with torch.inference_mode():
-                encoded = dict(zip(distinct, vision.encode(list(distinct.values()))))  # id → [256, H]
-            input_vit = torch.stack([encoded[id(p)] for p in flat])  # [N, 256, H]
-        batch, rows_flat, _, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)
-        table = rows_flat.view(len(questions), rows, -1).to(to_torch_dtype(runner.dtype))  # [B, rows, H]
-    requests = [batch[r, : len(ids)] for r, ids in enumerate(prompts)]
-    out = runner.generate(
-        requests,
-        prompt_table=table,
-        max_new_tokens=max_new_tokens,
-        end_id=IM_END_ID,
-        pad_id=IM_END_ID,
-        return_dict=True,
-        **sampling,
-    )
-    if out is None:  # a tensor-parallel rank other than 0: TensorRT-LLM gives the outputs to rank 0 only
-        return [None] * len(questions)
-    return [
-        answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])].tolist())
-        for r, ids in enumerate(prompts)
-    ]
+) -> list:
+    """The answer path: answers to a batch of (pictures, question) pairs, each after the same history, through any
+    runner (`engine_inputs`, then one `generate`, then `answers`)."""
+    inputs = engine_inputs(runner, vision, tokenizer, questions, history, system, input_vit)
+    return answer_inputs(runner, tokenizer, inputs, max_new_tokens, **sampling)
 
 
 def ask(
@@ -181,68 +220,67 @@ def ask(
     return answer, history + [(query, answer)]
 
 
-class ModelAsRunner:
-    """A QWenLMHeadModel behind the runners' `generate`: transformers' generate on the left-padded batch.
+class ModelAsRunner(Runner):
+    """A QWenLMHeadModel behind the runners' `generate` (requests.Runner): transformers' generate on the left-padded
+    batch, the reference the engines are compared with.
 
-    The reference the engines are compared with. Image spans may hold fake ids (with a prompt table) or the
-    pictures' paths (the model then reads them itself, Qwen-VL's original way).
+    Image spans may hold fake ids (with a prompt table) or the pictures' paths (the model then reads them itself,
+    Qwen-VL's original way). Its limits are the model's: seq_length ids in all, no batch, beam or table limit.
     """
 
-    def __init__(self, model):
-        self.model = model
-        self.vocab_size, self.dtype, self.max_seq_len = model.config.vocab_size, model.dtype, model.config.seq_length
+    path_spans = True
 
-    def generate(
-        self,
-        batch_input_ids,
-        prompt_table=None,
-        prompt_tasks=None,
-        max_new_tokens: int = 64,
-        end_id: int = IM_END_ID,
-        pad_id: int = IM_END_ID,
-        num_beams: int = 1,
-        temperature: float = 1.0,
-        top_k: int = 1,
-        top_p: float = 0.0,
-        random_seed=None,
-        return_dict: bool = False,
-        task_vocab_size=None,
-    ):
-        """output_ids [B, 1 or beams, max input + max_new_tokens] in the engines' layout (ids, new tokens, pad_id)."""
-        greedy = check_sampling(temperature, top_k, top_p, random_seed=random_seed)
-        ids = as_id_list(batch_input_ids)
-        device = self.model.device
+    def __init__(self, model):
+        config = model.config
+        self.model, self.vocab_size, self.hidden_size, self.dtype = (
+            model,
+            config.vocab_size,
+            config.hidden_size,
+            model.dtype,
+        )
+        self.build_config = BuildConfig(
+            max_batch_size=UNLIMITED,
+            max_input_len=config.seq_length,
+            max_seq_len=config.seq_length,
+            max_prompt_embedding_table_size=UNLIMITED,
+            dtype=dtype_name(model.dtype),
+            max_beam_width=UNLIMITED,
+        )
+        self.max_input_len, self.max_seq_len, self.max_request_rows = config.seq_length, config.seq_length, None
+        self.turn = OneGeneration()
+
+    def steps(self, request: CheckedRequest, max_new_tokens: int, sampling: SamplingConfig, streaming: bool):
+        """transformers' generate on the request, in one step (stop words cut each answer after the first it ends
+        with, as stopping there would: greedy and seeded decoding draw the same tokens before it)."""
+        beams = sampling.num_beams
+        if sampling.repetition_penalty != 1.0 or (beams > 1 and request.stop_words is not None):
+            raise ValueError(
+                "ModelAsRunner applies neither repetition_penalty (transformers' processor would read fake prompt "
+                "ids and padding as vocabulary ids) nor stop_words_list with num_beams > 1: use the engine's "
+                "ModelRunner for those"
+            )
+        ids, device = request.ids, self.model.device
         width = max(len(seq) for seq in ids)
-        input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+        input_ids = torch.full((len(ids), width), sampling.pad_id, dtype=torch.long)
         mask = torch.zeros(len(ids), width, dtype=torch.long)
         for i, seq in enumerate(ids):
             input_ids[i, width - len(seq) :], mask[i, width - len(seq) :] = seq, 1  # left padding
         table = {}
-        if prompt_table is not None:
-            rows = (
-                prompt_table.shape[1]
-                if prompt_table.dim() == 3
-                else (
-                    prompt_table.shape[0]
-                    if task_vocab_size is None
-                    else int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
-                )
-            )
-            tables = prompt_table.shape[0] if prompt_table.dim() == 3 else -(-prompt_table.shape[0] // rows)
-            default = list(range(len(ids))) if prompt_table.dim() == 3 and tables > 1 else [0] * len(ids)
-            tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), tables)
+        if request.table is not None:
             table = dict(
-                prompt_table=prompt_table.reshape(-1, prompt_table.shape[-1]).to(device, self.dtype),
-                tasks=torch.tensor(tasks, dtype=torch.int32, device=device),
-                task_vocab_size=rows,
+                prompt_table=request.table.to(device),
+                tasks=torch.tensor(request.tasks, dtype=torch.int32, device=device),
+                task_vocab_size=request.task_vocab_size,
             )
         knobs = (
             dict(do_sample=False)
-            if greedy
-            else dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p if top_p > 0 else 1.0)
+            if sampling.greedy
+            else dict(
+                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0
+            )
         )
-        if random_seed is not None:
-            torch.manual_seed(random_seed)
+        if sampling.random_seed is not None:
+            torch.manual_seed(sampling.random_seed)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids.to(device),
@@ -250,21 +288,28 @@ class ModelAsRunner:
                 **table,
                 **knobs,
                 max_new_tokens=max_new_tokens,
-                num_beams=num_beams,
-                num_return_sequences=num_beams,
-                eos_token_id=end_id if end_id >= 0 else None,
-                pad_token_id=pad_id,
+                num_beams=beams,
+                num_return_sequences=beams,
+                length_penalty=sampling.length_penalty,
+                early_stopping=sampling.early_stopping,
+                eos_token_id=sampling.end_id if sampling.end_id >= 0 else None,
+                pad_token_id=sampling.pad_id,
             )
-        new = out[:, width:].reshape(len(ids), num_beams, -1).cpu()  # [B, beams, ≤ new]
-        output_ids = torch.full((len(ids), num_beams, width + max_new_tokens), pad_id, dtype=torch.int32)
-        lengths = torch.zeros(len(ids), num_beams, dtype=torch.int32)
-        for i, seq in enumerate(ids):
-            for j in range(num_beams):
-                ends = torch.nonzero(new[i, j] == end_id) if end_id >= 0 else []
-                n = int(ends[0]) + 1 if len(ends) else new.shape[2]
-                output_ids[i, j, : len(seq)], output_ids[i, j, len(seq) : len(seq) + n] = seq, new[i, j, :n]
-                lengths[i, j] = len(seq) + n
-        return {"output_ids": output_ids, "sequence_lengths": lengths} if return_dict else output_ids
+        new = out[:, width:].reshape(len(ids), beams, -1).cpu()  # [B, beams, ≤ new]
+        generated = torch.full((len(ids), beams), new.shape[2], dtype=torch.long)
+        if sampling.end_id >= 0:  # each row up to its first end_id, which it keeps
+            ends = new == sampling.end_id
+            first = ends.int().argmax(dim=2)  # [B, beams]
+            generated = torch.where(ends.any(dim=2), first + 1, generated)
+        for r, words in enumerate(request.stop_words or []):
+            tail = new[r, 0, : int(generated[r, 0])].tolist()
+            ends = [
+                t
+                for t in range(1, len(tail) + 1)
+                if any(len(w) <= t and tuple(tail[t - len(w) : t]) == w for w in words)
+            ]
+            generated[r, 0] = min(ends, default=len(tail))
+        return iter([(new, generated)])
 
 
 @dataclass(frozen=True)
@@ -281,9 +326,13 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()  # the answer ends before the first of these strings
 
     def __post_init__(self):
-        check_sampling(self.temperature, self.top_k, self.top_p, repetition_penalty=self.repetition_penalty)
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+        SamplingConfig(  # the runners' check of the knobs
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+        )
+        check_int("max_new_tokens", self.max_new_tokens, 1)
         if isinstance(self.stop, str) or not all(isinstance(w, str) and w for w in self.stop):
             raise TypeError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
 
@@ -348,8 +397,7 @@ def picture_key(picture) -> str:
 def prompt_limits(runner) -> tuple[int, int | None]:
     """(most ids, most prompt-table rows) one request may send to a runner and still get an answer: its max_input_len
     (at most max_seq_len − 1, room for one new token) and the table rows it accepts per request (None: no limit)."""
-    most_ids = min(getattr(runner, "max_input_len", runner.max_seq_len), runner.max_seq_len - 1)
-    return most_ids, getattr(runner, "max_request_rows", None)
+    return min(runner.max_input_len, runner.max_seq_len - 1), runner.max_request_rows
 
 
 class Conversation:
@@ -397,17 +445,12 @@ class Conversation:
         if new:
             with torch.inference_mode():
                 features.update(zip(new, self.vision.encode(list(new.values())).cpu()))  # [256, H] each
-        ids = torch.tensor(ids)[None]  # [1, L]
-        table = None
-        if in_context:
-            ids, flat, _, rows = per_request_tables(
-                ids, torch.stack([features[k] for k in in_context]), self.runner.vocab_size
-            )
-            table = flat.view(1, rows, -1).to(to_torch_dtype(self.runner.dtype))  # [1, rows, H]
+        inputs = prompt_inputs(
+            self.runner, [ids], torch.stack([features[k] for k in in_context]) if in_context else None
+        )
         steps = self.runner.generate(
-            [ids[0]],
-            prompt_table=table,
-            max_new_tokens=min(settings.max_new_tokens, self.runner.max_seq_len - ids.shape[1]),
+            **inputs._asdict(),
+            max_new_tokens=min(settings.max_new_tokens, self.runner.max_seq_len - len(ids)),
             end_id=IM_END_ID,
             pad_id=IM_END_ID,
             stop_words_list=[[(IM_START_ID,)]],
@@ -417,12 +460,12 @@ class Conversation:
         )
         # the engine took the turn: from here on it joins the conversation
         self.features, self.pictures = features, self.pictures + pictures
-        self.left_out = len(self.history) - (int((ids[0] == IM_START_ID).sum()) - 3) // 2  # 2 <|im_start|> a turn
-        text, total, shown, seen = TextStream(self.tokenizer), "", 0, ids.shape[1]
+        self.left_out = len(self.history) - (ids.count(IM_START_ID) - 3) // 2  # 2 <|im_start|> a turn
+        text, total, shown, seen = TextStream(self.tokenizer), "", 0, len(ids)
         try:
             for out in steps:
-                end = int(out["sequence_lengths"][0, 0])
-                new_ids, seen = out["output_ids"][0, 0, seen:end].tolist(), end
+                new_ids = new_tokens(out, 0, seen)
+                seen += len(new_ids)
                 ended = any(i in STOP_IDS for i in new_ids)
                 total += "".join(text.push(i) for i in new_ids if i not in STOP_IDS) + (text.flush() if ended else "")
                 total, ended, safe = _cut_at_stop(total, settings.stop, ended)

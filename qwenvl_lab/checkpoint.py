@@ -9,9 +9,10 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import SafetensorError, safe_open
 
+from .checks.tensors import first_non_finite, to_torch_dtype
 from .files import CheckpointError, put_in_place, read_json, sibling_name
 from .modeling import QWenLMHeadModel, QWenVLConfig, check_visual
-from .prompt_table import first_non_finite, to_torch_dtype
+from .tokenizing import vocab_file_path
 from .vision import VisionTransformer
 
 REPAIR = "re-download the file or repair it"
@@ -301,8 +302,6 @@ def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB", 
 
 def make_tiny_checkpoint(output_dir, seed: int = 0, with_vocab: bool = True) -> Path:
     """Write a small random Qwen-VL checkpoint (real vocab size, 256 queries, real layout) for tests."""
-    from .tokenizing import vocab_file_path
-
     torch.manual_seed(seed)
     model = QWenLMHeadModel(QWenVLConfig(**TINY_CONFIG))
     save_checkpoint(model, output_dir, max_shard_size="60MB")

@@ -458,9 +458,8 @@ def claims_table() -> str:
     """docs/articles.md's table of the claims (Markdown), one row per claim, from CLAIMS."""
     rows = ["| # | the claim (article, section) | what is known | evidence | verdict |", "|---|---|---|---|---|"]
     for c in CLAIMS:
-        rows.append(
-            f"| {c.id} | {c.claim} *(article {c.article}, {c.section})* | {c.known} | {c.evidence} | {c.verdict} |"
-        )
+        claim, known, evidence = (text.replace("<", "&lt;") for text in (c.claim, c.known, c.evidence))  # <img> is text
+        rows.append(f"| {c.id} | {claim} *(article {c.article}, {c.section})* | {known} | {evidence} | {c.verdict} |")
     return "\n".join(rows)
 
 

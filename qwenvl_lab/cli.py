@@ -76,11 +76,15 @@ def ask_main(argv=None) -> int:
     """`qwenvl-lab ask`: one question about zero or more pictures, answered greedily."""
     parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__)
     parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
-    parser.add_argument("--question", default="图片里是什么？")
+    parser.add_argument("--question", default="图片里是什么？", help="the question (default: %(default)s)")
     parser.add_argument("--engine", help="an engine directory (build_engine's); default: the course's model, eager")
     parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--max-new-tokens", type=count(1), default=64)
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=count(1), default=64, help="the most tokens the answer may have (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     if args.engine and args.checkpoint:
         parser.error("give --engine or --checkpoint, not both")
@@ -89,7 +93,7 @@ def ask_main(argv=None) -> int:
     from .tokenizing import load_tokenizer
 
     if args.engine:
-        from .engine import QWenInfer
+        from .infer import QWenInfer
 
         infer = QWenInfer.from_dir(args.engine, device=args.device)
         answer, _ = infer.qwen_infer(images, args.question, max_new_tokens=args.max_new_tokens)
@@ -142,6 +146,48 @@ def save_new_picture(folder: Path, picture) -> Path:
             n += 1
 
 
+def attach(rest: str, write) -> list[Path]:
+    """`/image PATH`: [the picture's path] once it reads as a picture, else [] and a line saying why."""
+    from .pictures import load_image  # the course's picture reader (PIL): loaded by the chat command only
+
+    path = Path(rest.strip().strip("'\"")).expanduser()
+    if not rest.strip():
+        write("(give the picture's path: /image PATH)")
+        return []
+    try:
+        load_image(path)
+    except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
+        write(f"({path} was not attached: {err})")
+        return []
+    write(f"(picture {path} attached to your next question; /drop forgets it)")
+    return [path]
+
+
+def answer_turn(talk, line: str, pictures, left_out: int, boxes_dir: Path, write) -> int:
+    """One question of the chat, its answer streamed, its boxes drawn and saved: the turns left out so far."""
+    from .widgets import boxes_picture  # the boxes drawn as the chat panel draws them (PIL): the chat command only
+
+    write("model> ", end="", flush=True)
+    try:
+        answer = "".join(write(piece, end="", flush=True) or piece for piece in talk.stream(line, pictures))
+    except (ValueError, TypeError, FileNotFoundError, IsADirectoryError, RuntimeError) as err:
+        dropped = f" (its {len(pictures)} picture(s) were dropped: /image attaches again)" if pictures else ""
+        write(f"\n(cannot ask: {err}){dropped}")
+        return left_out
+    write()
+    if talk.left_out > left_out:
+        left_out = talk.left_out
+        turns = "the oldest turn no longer fits" if left_out == 1 else f"the {left_out} oldest turns no longer fit"
+        write(f"({turns} the engine: left out of the conversation; /clear starts afresh)")
+    drawn = boxes_picture(talk, answer)
+    if drawn is not None:
+        try:
+            write(f"(boxes drawn on the picture: {save_new_picture(boxes_dir, drawn)})")
+        except OSError as err:
+            write(f"(the picture with boxes could not be saved in {boxes_dir}: {err})")
+    return left_out
+
+
 def chat_main(argv=None, read=input, write=print) -> int:
     """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
     and saved as a PNG file (turn-N.png, never over an earlier one)."""
@@ -152,13 +198,17 @@ def chat_main(argv=None, read=input, write=print) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
     parser.add_argument(
         "--sample",
         action="store_true",
         help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy",
     )
-    parser.add_argument("--max-new-tokens", type=count(1), default=128)
+    parser.add_argument(
+        "--max-new-tokens", type=count(1), default=128, help="the most tokens an answer may have (default: %(default)s)"
+    )
     parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
     args = parser.parse_args(argv)
     if args.boxes is not None and args.boxes.exists() and not args.boxes.is_dir():
@@ -166,11 +216,9 @@ def chat_main(argv=None, read=input, write=print) -> int:
     if read is input and (sys.stdin is None or sys.stdin.closed):
         raise ValueError(CLOSED_STDIN)
     from .chat import Conversation, GenerationSettings
-    from .engine import QWenInfer
+    from .infer import QWenInfer
     from .resources import output_dir
     from .toy import course_engine
-    from .vision import load_image
-    from .widgets import boxes_picture
 
     infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)
     settings = GenerationSettings.from_dir(
@@ -200,42 +248,12 @@ def chat_main(argv=None, read=input, write=print) -> int:
             write(f"({len(pictures)} attached picture(s) dropped)")
             pictures = []
         elif command == "/image":
-            path = Path(rest.strip().strip("'\"")).expanduser()
-            if not rest.strip():
-                write("(give the picture's path: /image PATH)")
-                continue
-            try:
-                load_image(path)
-            except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
-                write(f"({path} was not attached: {err})")
-                continue
-            pictures.append(path)
-            write(f"(picture {path} attached to your next question; /drop forgets it)")
+            pictures += attach(rest, write)
         elif command.startswith("/"):
             write(f"(unknown command {command}: /help lists the commands)")
         elif line:
-            write("model> ", end="", flush=True)
-            try:
-                answer = "".join(write(piece, end="", flush=True) or piece for piece in talk.stream(line, pictures))
-            except (ValueError, TypeError, FileNotFoundError, IsADirectoryError, RuntimeError) as err:
-                dropped = f" (its {len(pictures)} picture(s) were dropped: /image attaches again)" if pictures else ""
-                write(f"\n(cannot ask: {err}){dropped}")
-                pictures = []
-                continue
-            write()
+            left_out = answer_turn(talk, line, pictures, left_out, boxes_dir, write)
             pictures = []
-            if talk.left_out > left_out:
-                left_out = talk.left_out
-                turns = (
-                    "the oldest turn no longer fits" if left_out == 1 else f"the {left_out} oldest turns no longer fit"
-                )
-                write(f"({turns} the engine: left out of the conversation; /clear starts afresh)")
-            drawn = boxes_picture(talk, answer)
-            if drawn is not None:
-                try:
-                    write(f"(boxes drawn on the picture: {save_new_picture(boxes_dir, drawn)})")
-                except OSError as err:
-                    write(f"(the picture with boxes could not be saved in {boxes_dir}: {err})")
 
 
 def build_main(argv=None) -> int:

@@ -33,12 +33,12 @@ from .bench import (
     release_memory,
     timed_runs,
 )
-from .chat import ModelAsRunner, answer_text, make_prompt
+from .chat import ModelAsRunner, answer_inputs, make_prompt, prompt_inputs
 from .checkpoint import load_checkpoint, load_config
+from .checks.tensors import as_batch, dtype_name
 from .claims import Claim, check_verdict, claims_table, recorded
-from .img_pos import as_batch, locate_img_pos
-from .limits import dtype_name
-from .prompt_table import prompt_tuning_embedding, single_table_batch
+from .img_pos import locate_img_pos
+from .prompt_table import prompt_tuning_embedding, rows_read, single_table_batch
 from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy.shapes import answer_matches
 from .vision import VisionTransformer
@@ -157,12 +157,11 @@ def bare_injections(model, input_ids, input_vit: torch.Tensor) -> dict:
     for i, a, b in locate_img_pos(input_ids).tolist():
         padded[i, a + 1 : b] = IMAGE_PAD_ID
     features = input_vit.reshape(-1, input_vit.shape[-1])  # [N·256, H]
-    offsets = (tasks * task_vocab_size)[:, None]  # [B, 1]
 
     def lookup():
         prompt = fake_ids > vocab_size - 1  # [B, L]
         normal = F.embedding(torch.where(prompt, vocab_size - 1, fake_ids), wte)
-        rows = F.embedding(torch.where(prompt, fake_ids - vocab_size, 0) + offsets, table)
+        rows = F.embedding(torch.where(prompt, rows_read(fake_ids, tasks, task_vocab_size, vocab_size), 0), table)
         return torch.where(prompt[..., None], rows, normal)
 
     def overwrite():
@@ -235,11 +234,11 @@ def pooled_back(input_vit: torch.Tensor) -> torch.Tensor:
     return pooled.expand(n, half, 2, half, 2, hidden).reshape(n, rows, hidden)
 
 
-def span_prompt(tokenizer, question: str, rows: int, vocab_size: int) -> list[int]:
-    """Chat ids of one picture and a question, the picture's span holding `rows` fake ids V … V + rows - 1."""
+def span_prompt(tokenizer, question: str, rows: int) -> list[int]:
+    """Chat ids of one picture and a question, the picture's span holding `rows` ids (<imgpad>) instead of 256."""
     ids = make_prompt(tokenizer, question, ["picture1.png"])[1]
     start, end = ids.index(IMAGE_START_ID), ids.index(IMAGE_END_ID)
-    return ids[: start + 1] + list(range(vocab_size, vocab_size + rows)) + ids[end:]
+    return ids[: start + 1] + [IMAGE_PAD_ID] * rows + ids[end:]
 
 
 def answers_with_rows(model, tokenizer, examples, input_vit: torch.Tensor, max_new_tokens: int = 16) -> list[str]:
@@ -250,17 +249,9 @@ def answers_with_rows(model, tokenizer, examples, input_vit: torch.Tensor, max_n
             f"give one-picture examples, one per block of input_vit ({input_vit.shape[0]}); got "
             f"{len(examples)} examples with {[len(e.images) for e in examples]} pictures"
         )
-    prompts = [span_prompt(tokenizer, e.question, input_vit.shape[1], model.config.vocab_size) for e in examples]
-    out = ModelAsRunner(model).generate(
-        [torch.tensor(ids) for ids in prompts],
-        prompt_table=input_vit.to(model.dtype),
-        max_new_tokens=max_new_tokens,
-        return_dict=True,
-    )
-    return [
-        answer_text(tokenizer, out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])])
-        for r, ids in enumerate(prompts)
-    ]
+    runner = ModelAsRunner(model)
+    prompts = [span_prompt(tokenizer, e.question, input_vit.shape[1]) for e in examples]
+    return answer_inputs(runner, tokenizer, prompt_inputs(runner, prompts, input_vit), max_new_tokens)
 
 
 def accuracy(answers, examples) -> float:
@@ -274,12 +265,15 @@ def prefill_seconds(model, tokenizer, question: str, input_vit: torch.Tensor, ru
     """Seconds of one prefill (the forward pass over the prompts) of N prompts asking `question`, prompt k's span
     reading the rows of input_vit[k] ([N, rows, H]): the fastest of `runs`."""
     n, rows, hidden = input_vit.shape
-    ids = torch.tensor([span_prompt(tokenizer, question, rows, model.config.vocab_size)] * n)  # [N, L]
-    table = input_vit.reshape(n * rows, hidden).to(model.dtype)
-    tasks = torch.arange(n, dtype=torch.int32)
+    prompts = [span_prompt(tokenizer, question, rows)] * n
+    ids, table, tasks, task_vocab_size = prompt_inputs(ModelAsRunner(model), prompts, input_vit)
+    ids = torch.stack(ids)  # [N, L]: the prompts are equally long
     with torch.inference_mode():
         return timed_runs(
-            lambda: model(ids, prompt_table=table, tasks=tasks, task_vocab_size=rows, logits_to_keep=1), runs, 1, CPU
+            lambda: model(ids, prompt_table=table, tasks=tasks, task_vocab_size=task_vocab_size, logits_to_keep=1),
+            runs,
+            1,
+            CPU,
         )[0]
 
 

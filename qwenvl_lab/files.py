@@ -8,6 +8,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from .checks.values import is_int, is_number
+
 
 class CheckpointError(ValueError):
     """A checkpoint or engine directory that cannot be read as what it claims to be (the message names the file)."""
@@ -41,10 +43,10 @@ def field(config: dict, key: str, kind: str, where, fix: str):
     if key not in config:
         raise CheckpointError(f"{where} has no {key!r}; {fix}")
     value = config[key]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = is_number(value)
     ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-        "count": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "int": is_int(value) and value >= 1,
+        "count": is_int(value) and value >= 0,
         "positive": number and math.isfinite(value) and value > 0,
         "str": isinstance(value, str),
         "bool": isinstance(value, bool),

@@ -19,9 +19,10 @@ or y2 < y1, a box before any picture): with strict=True (the default) a ValueErr
 strict=False a warning says so and the broken tag is read as text, the box skipped.
 
 Drawing. `draw_boxes` returns an RGB copy of the picture with each box's outline (on the box's edge pixels) and
-label. Labels are drawn in Pillow's bundled font; labels with CJK (wide) characters in the first font of
-CJK_FONT_FILES found in the system font folders, or in `font=`. Without one, their wide characters are drawn as "?"
-and a warning says how to get a font. Every font uses Pillow's basic layout, so the pixels do not depend on libraqm.
+label. Labels are drawn in Pillow's bundled font; labels with CJK (wide) characters in the machine's CJK font, else
+in the course's own subset font (`fonts`), or in `font=`. When neither has them, their wide characters are drawn as
+"?" and a warning says how to get a font. Every font uses Pillow's basic layout, so the pixels do not depend on
+libraqm.
 """
 
 import os
@@ -29,10 +30,12 @@ import re
 import unicodedata
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
 
+from .checks.values import is_int, is_number
+from .fonts import GET_A_FONT, cjk_font_for, is_wide
+from .pictures import load_image
 from .tokenizing import (
     BOX_END_ID,
     BOX_START_ID,
@@ -44,21 +47,11 @@ from .tokenizing import (
     QWenTokenizer,
     decode_image_path,
 )
-from .vision import load_image
 
 TAG_IDS = {REF_START_ID: "<ref>", REF_END_ID: "</ref>", BOX_START_ID: "<box>", BOX_END_ID: "</box>"}
 TAGS = frozenset(TAG_IDS.values())
 CLOSING = {"<ref>": "</ref>", "<box>": "</box>"}
 PALETTE = ((148, 103, 189), (255, 127, 14), (227, 119, 194), (23, 190, 207), (140, 86, 75), (127, 127, 127))  # k-th box
-CJK_FONT_FILES = (  # looked up by name in the system font folders (Pillow's ImageFont.truetype search)
-    "NotoSansCJK-Regular.ttc",
-    "wqy-microhei.ttc",
-    "wqy-zenhei.ttc",
-    "DroidSansFallbackFull.ttf",
-    "PingFang.ttc",
-    "msyh.ttc",
-    "simhei.ttf",
-)
 _TEXT_TAGS = re.compile(r"<img>|</?ref>|</?box>")  # fixed-width: each match looks at no more than 6 characters
 _IMAGE_LABEL = re.compile(r"Picture [0-9]+: \Z")
 _NUMBER = r"\s*(-?[0-9]{1,9})\s*"
@@ -71,7 +64,7 @@ def _four_ints(corners) -> tuple[int, int, int, int]:
         isinstance(corners, (str, bytes))
         or not isinstance(corners, (list, tuple))
         or len(corners) != 4
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in corners)
+        or not all(is_int(v) for v in corners)
     ):
         raise TypeError(f"a box is 4 ints (x1, y1, x2, y2), got {corners!r}")
     return tuple(corners)
@@ -89,11 +82,7 @@ def check_box(corners) -> tuple[int, int, int, int]:
 
 def _check_size(size) -> tuple[int, int]:
     """(width, height) as positive ints."""
-    if (
-        not isinstance(size, (list, tuple))
-        or len(size) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-    ):
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(is_int(v) and v > 0 for v in size):
         raise ValueError(f"a picture size is (width, height) in pixels, two positive ints, got {size!r}")
     return tuple(size)
 
@@ -117,7 +106,7 @@ def iou(a, b) -> float:
             isinstance(box, (str, bytes))
             or not isinstance(box, (list, tuple))
             or len(box) != 4
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+            or not all(is_number(v) for v in box)
         ):
             raise TypeError(f"a box is 4 numbers (x1, y1, x2, y2), got {box!r}")
         if box[2] < box[0] or box[3] < box[1]:
@@ -327,40 +316,25 @@ def parse_boxes(source, tokenizer=None, *, picture=None, strict=True) -> list[Bo
     return boxes
 
 
-@lru_cache(maxsize=1)
-def cjk_font_path() -> str | None:
-    """Path of the first font of CJK_FONT_FILES in the system font folders, or None."""
-    for name in CJK_FONT_FILES:
-        try:
-            return ImageFont.truetype(name).path
-        except OSError:
-            continue
-    return None
-
-
-def _wide(char: str) -> bool:
-    """True for a wide (CJK) character."""
-    return unicodedata.east_asian_width(char) in ("W", "F")
-
-
 def _label_font(label: str, size: int, font):
-    """(text, font) of a label: `font`, else Pillow's bundled font, or a CJK font for wide characters."""
+    """(text, font) of a label: `font`, else Pillow's bundled font, or a CJK font for wide characters (the machine's,
+    else the course's own, fonts.cjk_font_for)."""
     if font is not None:
         try:
             return label, ImageFont.truetype(font, size, layout_engine=ImageFont.Layout.BASIC)
         except OSError as err:
             raise ValueError(f"cannot read {str(font)!r} as a font ({err}); pass a .ttf/.otf/.ttc file") from None
-    if not any(map(_wide, label)):
+    if not any(map(is_wide, label)):
         return label, ImageFont.load_default(size)
-    if cjk_font_path() is not None:
-        return label, ImageFont.truetype(cjk_font_path(), size, layout_engine=ImageFont.Layout.BASIC)
+    found = cjk_font_for(label)
+    if found is not None:
+        return label, ImageFont.truetype(found, size, layout_engine=ImageFont.Layout.BASIC)
     warnings.warn(
-        f"no CJK font found (looked for {', '.join(CJK_FONT_FILES)} in the system font folders): "
-        f"the wide characters of the label {label!r} are drawn as '?'; install one (Debian/Ubuntu: "
-        "apt-get install fonts-noto-cjk) or pass font=path",
+        f"no font for the wide characters of the label {label!r}: the machine has no CJK font and the course's own "
+        f"covers only common characters, so they are drawn as '?'; install one ({GET_A_FONT}) or pass font=path",
         stacklevel=3,
     )
-    return "".join("?" if _wide(c) else c for c in label), ImageFont.load_default(size)
+    return "".join("?" if is_wide(c) else c for c in label), ImageFont.load_default(size)
 
 
 def draw_boxes(image, boxes, font=None) -> Image.Image:

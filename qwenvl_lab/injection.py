@@ -2,7 +2,7 @@
 
 import torch
 
-from .prompt_table import check_image_count
+from .checks.tensors import check_image_count
 from .tokenizing import IMAGE_PAD_ID
 
 

@@ -5,6 +5,11 @@ them into my-notebooks/ (git ignores it), solutions into my-notebooks/solutions/
 works; later starts copy only notebooks that have no copy yet, and `--reset NAME` restores one copy from the course.
 JupyterLab opens at the repository's top level on my-notebooks/00_welcome.ipynb; arguments it does not know itself
 (e.g. --ip=0.0.0.0 --port=8888 --no-browser) go to JupyterLab.
+
+On a shared server the course is installed once, read-only, and each learner's work goes to a folder of their own
+(`--workdir ~/qwenvl-lab`): my-notebooks/, course-output/, and links to the course's data/, notebooks/ and
+qwenvl_lab/, so the notebooks' relative paths (../data/images/…) hold there too. `--run COMMAND …` starts another
+server command (JupyterHub's jupyterhub-singleuser, Binder's) in that folder with the course's settings.
 """
 
 import argparse
@@ -17,6 +22,8 @@ from pathlib import Path
 
 from .resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
 
+WORKDIR_ENV = "QWENVL_LAB_WORKDIR"  # a learner's own folder on a shared install (default: the clone itself)
+LINKED = ("data", "notebooks", "qwenvl_lab")  # what a learner's folder links to in the course's clone
 COURSE_FOLDER = "notebooks"
 MY_FOLDER = "my-notebooks"
 SOLUTIONS_FOLDER = "solutions"  # inside the course folder and inside my-notebooks/
@@ -84,6 +91,21 @@ def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | No
     return target, backup
 
 
+def prepare_workdir(root: Path, workdir: Path) -> list[Path]:
+    """Make `workdir` a learner's folder for the course in `root`: links to the course's LINKED folders (an entry of
+    the learner's own is never replaced); the links made."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if workdir.resolve() == root.resolve():
+        return []
+    made = []
+    for name in LINKED:
+        link = workdir / name
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(root / name, target_is_directory=True)
+            made.append(link)
+    return made
+
+
 def running_as_root() -> bool:
     """True under a POSIX root account (Docker, cloud VMs), where JupyterLab needs --allow-root."""
     return hasattr(os, "geteuid") and os.geteuid() == 0
@@ -97,14 +119,14 @@ def lab_command(root: Path, lab_args=()) -> list[str]:
     return [*command, *lab_args, str(Path(MY_FOLDER) / FIRST_NOTEBOOK)]
 
 
-def lab_environment(root: Path, environ=None) -> dict[str, str]:
+def lab_environment(root: Path, environ=None, workdir: Path | None = None) -> dict[str, str]:
     """`environ` (default os.environ) with the course's Jupyter config folder searched first, and course outputs
-    going to `root`'s course-output/ unless $QWENVL_LAB_OUTPUT says otherwise (also when the kernels import the
-    package from a shared environment)."""
+    going to course-output/ in `workdir` (default `root`) unless $QWENVL_LAB_OUTPUT says otherwise (also when the
+    kernels import the package from a shared environment)."""
     env = dict(os.environ if environ is None else environ)
     extra = str(root / JUPYTER_CONFIG_FOLDER)
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (extra, env.get("JUPYTER_CONFIG_PATH", "")) if p)
-    env[OUTPUT_ENV] = env.get(OUTPUT_ENV) or str(root / OUTPUT_FOLDER)
+    env[OUTPUT_ENV] = env.get(OUTPUT_ENV) or str((workdir or root) / OUTPUT_FOLDER)
     return env
 
 
@@ -121,7 +143,7 @@ def run_until_exit(command: list[str], cwd: Path, env: dict[str, str]) -> int:
 def main(argv=None) -> int:
     """Command line: copy the notebooks, then start JupyterLab (or restore one copy with --reset)."""
     parser = argparse.ArgumentParser(
-        prog="python -m qwenvl_lab.lab",
+        prog="qwenvl-lab lab",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
         epilog="Other arguments go to JupyterLab, e.g. --ip=0.0.0.0 --port=8888 --no-browser on a remote machine.",
@@ -135,30 +157,55 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--print-command", action="store_true", help="print the JupyterLab command instead of running it"
     )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=os.environ.get(WORKDIR_ENV) or None,
+        help=f"your own folder on a shared install: my-notebooks/ and course-output/ go there (default: ${WORKDIR_ENV}, "
+        "else the clone)",
+    )
+    parser.add_argument(
+        "--run",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="after copying the notebooks, run this server command in the folder instead of JupyterLab "
+        "(e.g. jupyterhub-singleuser under JupyterHub; everything after it is its own)",
+    )
     args, lab_args = parser.parse_known_args(argv)
     root = course_root()
-    course, mine = root / COURSE_FOLDER, root / MY_FOLDER
+    workdir = root if args.workdir is None else args.workdir.expanduser().absolute()
+    course, mine = root / COURSE_FOLDER, workdir / MY_FOLDER
+    if args.run is not None and (not args.run or lab_args):
+        parser.error("--run needs a command, and comes last (what follows it is the command's)")
     if args.reset is not None:
         try:
             restored, backup = reset_notebook(course, mine, args.reset)
         except ValueError as err:
             parser.error(str(err))
         print(
-            f"restored {restored.relative_to(root)} from {COURSE_FOLDER}/"
-            + (f"; your copy is now {backup.relative_to(root)}" if backup else "")
+            f"restored {restored.relative_to(workdir)} from {COURSE_FOLDER}/"
+            + (f"; your copy is now {backup.relative_to(workdir)}" if backup else "")
         )
         return 0
+    prepare_workdir(root, workdir)
     copied = copy_course_notebooks(course, mine)
     if copied:
         print(
             f"copied {len(copied)} course notebook(s) into {MY_FOLDER}/ (your work goes there; "
             f"{COURSE_FOLDER}/ stays as shipped)"
         )
-    command = lab_command(root, lab_args)
+    env = lab_environment(root, workdir=workdir)
+    if args.run is not None:
+        os.chdir(workdir)  # the server's files start here
+        try:
+            os.execvpe(args.run[0], args.run, env)
+        except OSError as err:
+            parser.error(f"cannot run {args.run[0]!r}: {err.strerror}")
+    command = lab_command(workdir, lab_args)
     if args.print_command:
         print(" ".join(command))
         return 0
-    return run_until_exit(command, root, lab_environment(root))
+    return run_until_exit(command, workdir, env)
 
 
 if __name__ == "__main__":

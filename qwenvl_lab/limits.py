@@ -4,25 +4,15 @@ Shared by the package's own engine (`engine/`) and the real TensorRT-LLM path (`
 the same numbers. This module imports no transformers: the TensorRT-LLM environment loads it too.
 """
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from .prompt_table import DTYPES, to_torch_dtype
+from .checks.tensors import dtype_name, to_torch_dtype
+from .checks.values import check_int
 from .tokenizing import IMG_TOKEN_SPAN
 
 IMAGE_IDS = IMG_TOKEN_SPAN + 2  # an image takes <img> + 256 + </img> positions of the input
-
-
-def dtype_name(dtype) -> str:
-    """ "float16"/"bfloat16"/"float32" for a dtype given as that name or as a torch.dtype."""
-    names = {v: k for k, v in DTYPES.items()}
-    if isinstance(dtype, torch.dtype) and dtype in names:
-        return names[dtype]
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return dtype
-    raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or the torch.dtype), got {dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -42,12 +32,8 @@ class BuildConfig:
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_beam_width"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"BuildConfig.{name} must be a positive int, got {value!r}")
-        table = self.max_prompt_embedding_table_size
-        if isinstance(table, bool) or not isinstance(table, int) or table < 0:
-            raise ValueError(f"BuildConfig.max_prompt_embedding_table_size must be an int >= 0, got {table!r}")
+            check_int(f"BuildConfig.{name}", getattr(self, name), 1)
+        table = check_int("BuildConfig.max_prompt_embedding_table_size", self.max_prompt_embedding_table_size, 0)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.max_input_len > self.max_seq_len:
             raise ValueError(
@@ -79,21 +65,5 @@ class BuildConfig:
 
 def prompt_table_size(build_config: BuildConfig, images_per_request: int = 1) -> int:
     """`--max_prompt_embedding_table_size` = 256 × images per request × max_batch_size (in-flight batching)."""
-    if isinstance(images_per_request, bool) or not isinstance(images_per_request, int) or images_per_request < 1:
-        raise ValueError(f"images_per_request must be a positive int, got {images_per_request!r}")
+    check_int("images_per_request", images_per_request, 1)
     return IMG_TOKEN_SPAN * images_per_request * build_config.max_batch_size
-
-
-def check_model_limits(build_config: BuildConfig, max_position_embeddings: int, seq_length: int) -> None:
-    """Raise when the limits do not fit the model; warn past seq_length, where Qwen-VL's dynamic NTK would start."""
-    if build_config.max_seq_len > max_position_embeddings:
-        raise ValueError(
-            f"max_seq_len {build_config.max_seq_len} exceeds the model's max_position_embeddings {max_position_embeddings}"
-        )
-    if build_config.max_seq_len > seq_length:
-        warnings.warn(
-            f"max_seq_len {build_config.max_seq_len} > seq_length {seq_length}: past that length Qwen-VL applies "
-            "dynamic NTK and logn attention, which this engine (like TensorRT-LLM) does not, so long answers differ "
-            "from the original model",
-            stacklevel=3,
-        )

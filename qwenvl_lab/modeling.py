@@ -6,9 +6,6 @@ the original way (decode the path from the span, run the vision tower, overwrite
 or TensorRT-LLM's way (fake ids ≥ vocab_size looked up in a runtime `prompt_table`).
 """
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +13,8 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .img_pos import check_int, locate_img_pos
+from .checks.values import check_int, check_number
+from .img_pos import locate_img_pos
 from .injection import overwrite_image_spans
 from .prompt_table import prompt_tuning_embedding
 from .tokenizing import IMAGE_START_ID, decode_image_path
@@ -46,18 +44,6 @@ CONFIG_FLAGS = ("use_dynamic_ntk", "use_logn_attn", "no_bias", "tie_word_embeddi
 VISUAL_SIZES = ("heads", "image_size", "layers", "output_dim", "patch_size", "width")
 
 
-def check_number(name: str, value, minimum: float, maximum: float = math.inf, open_minimum: bool = True) -> float:
-    """A finite real `value` in its range: a TypeError for a non-number (bool, str …), a ValueError outside it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum) or value > maximum:
-        low = f"{'>' if open_minimum else '>='} {minimum:g}"
-        raise ValueError(
-            f"{name} must be a finite number {low}{f' and <= {maximum:g}' if maximum < math.inf else ''}, got {value!r}"
-        )
-    return value
-
-
 def check_config(config: "QWenVLConfig") -> None:
     """Raise a TypeError (wrong type) or ValueError (wrong value) naming the first config field a model cannot use."""
     for key in CONFIG_SIZES:
@@ -67,10 +53,10 @@ def check_config(config: "QWenVLConfig") -> None:
             raise TypeError(
                 f"{key} must be true or false, got {type(getattr(config, key)).__name__} {getattr(config, key)!r}"
             )
-    check_number("layer_norm_epsilon", config.layer_norm_epsilon, 0)
-    check_number("rotary_emb_base", config.rotary_emb_base, 0)
-    check_number("initializer_range", config.initializer_range, 0, open_minimum=False)
-    check_number("rotary_pct", config.rotary_pct, 0, 1)
+    check_number("layer_norm_epsilon", config.layer_norm_epsilon, 0, open_minimum=True)
+    check_number("rotary_emb_base", config.rotary_emb_base, 0, open_minimum=True)
+    check_number("initializer_range", config.initializer_range, 0)
+    check_number("rotary_pct", config.rotary_pct, 0, 1, open_minimum=True)
     rot_dim = int(config.kv_channels * config.rotary_pct)
     if rot_dim < 2 or rot_dim % 2:
         raise ValueError(
@@ -97,7 +83,7 @@ def check_visual(visual) -> None:
     for key in VISUAL_SIZES:
         check_int(f"visual.{key}", visual[key], 1)
     check_int("visual.image_start_id", visual["image_start_id"], 0)
-    check_number("visual.mlp_ratio", visual["mlp_ratio"], 0)
+    check_number("visual.mlp_ratio", visual["mlp_ratio"], 0, open_minimum=True)
     if visual["width"] % visual["heads"]:
         raise ValueError(f"visual.width {visual['width']} must be a multiple of visual.heads {visual['heads']}")
     if visual["patch_size"] > visual["image_size"]:
@@ -119,7 +105,7 @@ class QWenVLConfig(PreTrainedConfig):
 
     model_type = "qwen"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 — transformers' PretrainedConfig takes every key as a keyword
         self,
         vocab_size=151936,
         hidden_size=4096,
@@ -319,7 +305,7 @@ class QWenModel(QWenPreTrainedModel):
             hidden = overwrite_image_spans(hidden, img_pos, input_vit)
         return hidden
 
-    def forward(
+    def forward(  # noqa: PLR0913 — transformers' forward signature
         self,
         input_ids=None,
         attention_mask=None,
@@ -376,7 +362,7 @@ class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(
+    def forward(  # noqa: PLR0913 — transformers' forward signature
         self,
         input_ids=None,
         attention_mask=None,

@@ -15,7 +15,8 @@ Written from the upstream rules, which notebook 09 quotes line by line:
 import torch
 from torch import nn
 
-from .img_pos import as_batch, as_int_tensor, check_int
+from .checks.tensors import as_batch, as_int_tensor
+from .checks.values import check_int
 from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 
 TLLM_SENTINEL_OFFSET = 1  # TensorRT-LLM's input processors write vocab_size + 1 at every multimodal position

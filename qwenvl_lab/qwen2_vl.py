@@ -12,9 +12,10 @@ from functools import lru_cache
 import torch
 from PIL import Image
 
-from .img_pos import as_batch, check_int
+from .checks.tensors import as_batch
+from .checks.values import check_int
+from .pictures import load_image
 from .tokenizing import IM_END_ID, IM_START_ID, QWenTokenizer, make_context
-from .vision import load_image
 
 # Qwen2-VL's special ids (they follow the 151,643 BPE ranks, like Qwen-VL's); tests/test_qwen2_vl.py checks the ones
 # transformers' Qwen2VLConfig holds against its defaults. 151644 and the token strings are not in Qwen2VLConfig.
@@ -36,7 +37,7 @@ SYSTEM = "You are a helpful assistant."
 @lru_cache(maxsize=1)
 def image_processor():
     """transformers' Qwen2-VL image processor with its defaults (PIL backend), built locally."""
-    from transformers import Qwen2VLImageProcessorPil
+    from transformers import Qwen2VLImageProcessorPil  # noqa: PLC0415 — transformers' Qwen2-VL loads when it runs (seconds)
 
     return Qwen2VLImageProcessorPil()
 
@@ -98,7 +99,7 @@ def rope_sections(head_dim: int) -> list[int]:
 def tiny_qwen2_vl(vocab_embedding: torch.Tensor | None = None, vocab_size: int = 32, hidden_size: int = 32, seed=0):
     """A `Qwen2VLModel` with a tiny random config (1 text layer, a 1-block vision tower); its word embedding is
     `vocab_embedding` [V, H] when given (shared, not copied), so its text positions embed as another model's do."""
-    from transformers import Qwen2VLConfig, Qwen2VLModel
+    from transformers import Qwen2VLConfig, Qwen2VLModel  # noqa: PLC0415 — transformers' Qwen2-VL loads when it runs (seconds)
 
     if vocab_embedding is not None:
         if not isinstance(vocab_embedding, torch.Tensor) or vocab_embedding.dim() != 2:
@@ -131,7 +132,7 @@ def tiny_qwen2_vl(vocab_embedding: torch.Tensor | None = None, vocab_size: int =
 def merged_input_embeds(model, input_ids, features) -> torch.Tensor:
     """What `Qwen2VLModel.forward` hands its language model: the word embeddings with `features` (one [n_i, H] block per
     picture, in order) written by its own merge into the `image_token_id` positions. [B, L, H]"""
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from transformers.modeling_outputs import BaseModelOutputWithPooling  # noqa: PLC0415 — transformers' Qwen2-VL loads when it runs (seconds)
 
     input_ids = as_batch(input_ids)
     features = [features] if isinstance(features, torch.Tensor) and features.dim() == 2 else list(features)

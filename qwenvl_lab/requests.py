@@ -1,81 +1,26 @@
-"""Requests — one check of a batch of requests against an engine, shared by the engine's runner and TRTLLMRunner.
+"""The runner interface — TensorRT-LLM's `generate` contract, shared by the engine's ModelRunner, TRTLLMRunner and
+chat.ModelAsRunner.
 
-A request is a 1-D tensor of token ids; ids >= vocab_size are fake prompt ids that read the prompt table. Every
-limit fixed at build time, every id, the table's shape, dtype and values, and the tasks are checked here, before
-any cast or kernel sees them, so that both runners refuse the same inputs with the same messages. Both runners serve
-one generation at a time (`OneGeneration`) and stream the same way (`GenerationStream`).
+A request is a 1-D tensor of token ids; ids >= vocab_size are fake prompt ids that read the prompt table. `Runner`
+holds the one `generate`: its sampling settings become a `SamplingConfig`, the batch goes through `check_request`
+(every limit fixed at build time, every id, the table's shape, dtype and values, the tasks), then a runner's own
+`steps` produce the new tokens and `build_outputs` lays them out the engines' way, so that every runner refuses the
+same inputs with the same messages and answers in one layout. A runner serves one generation at a time
+(`OneGeneration`) and streams the same way (`GenerationStream`).
 """
 
-import math
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from .fake_ids import check_spans_hold_fake_ids
+from .checks.tensors import INT32_MAX, as_id_list, check_rows_read, one_int, parse_tasks
+from .checks.values import check_choice, check_int, check_number, is_int
+from .img_pos import locate_img_pos
 from .limits import BuildConfig
-from .prompt_table import runtime_prompt_table
-
-
-def as_id_list(batch_input_ids) -> list[torch.Tensor]:
-    """batch_input_ids as a list of 1-D int64 tensors (a [B, L] tensor is split by row), each id >= 0."""
-    if isinstance(batch_input_ids, torch.Tensor):
-        batch_input_ids = list(batch_input_ids) if batch_input_ids.dim() == 2 else [batch_input_ids]
-    if not isinstance(batch_input_ids, (list, tuple)) or not batch_input_ids:
-        raise ValueError("batch_input_ids must be a non-empty list of 1-D token-id tensors, one per request")
-    ids = []
-    for i, seq in enumerate(batch_input_ids):
-        try:
-            seq = torch.as_tensor(seq)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
-            raise ValueError(f"request {i}: not a 1-D sequence of token ids that fit in int64 ({err})") from None
-        if (
-            seq.dim() != 1
-            or seq.numel() == 0
-            or seq.dtype.is_floating_point
-            or seq.dtype.is_complex
-            or seq.dtype == torch.bool
-        ):
-            raise ValueError(
-                f"request {i}: expected a non-empty 1-D tensor of token ids, got {seq.dtype} {tuple(seq.shape)}"
-            )
-        seq = seq.long()
-        negative = torch.nonzero(seq < 0)
-        if len(negative):
-            k = int(negative[0])
-            raise ValueError(f"request {i}: token ids must be non-negative, got {int(seq[k])} at position {k}")
-        ids.append(seq)
-    return ids
-
-
-def parse_tasks(prompt_tasks, batch_size: int, num_tables: int) -> list[int]:
-    """Task ids from "0,1,…" or a sequence / tensor of ints: one per request, each naming one of `num_tables` tables."""
-    if isinstance(prompt_tasks, str):
-        try:
-            tasks = [int(t) for t in prompt_tasks.split(",")]
-        except ValueError:
-            raise ValueError(
-                f'prompt_tasks must be a comma-separated list of integers like "0,1", got {prompt_tasks!r}'
-            ) from None
-    else:
-        try:
-            values = torch.as_tensor(prompt_tasks).reshape(-1)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            raise TypeError(
-                f'prompt_tasks must be a string like "0,1" or a sequence of ints, got {prompt_tasks!r}'
-            ) from None
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise TypeError(f"prompt_tasks must hold integers, got {values.dtype}")
-        tasks = values.tolist()
-    if len(tasks) != batch_size:
-        raise ValueError(f"{len(tasks)} prompt_tasks for {batch_size} requests: give one task per request")
-    if any(not 0 <= t < num_tables for t in tasks):
-        raise ValueError(f"prompt_tasks {tasks} must each name one of the {num_tables} tables (0…{num_tables - 1})")
-    return tasks
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from .prompt_table import rows_read, runtime_prompt_table, table_size
+from .tokenizing import IM_END_ID, IMAGE_START_ID
 
 
 def is_greedy(top_k: int, top_p: float) -> bool:
@@ -83,33 +28,44 @@ def is_greedy(top_k: int, top_p: float) -> bool:
     return top_k == 1 or (top_k == 0 and top_p == 0.0)
 
 
-def check_sampling(
-    temperature=1.0, top_k=1, top_p=0.0, length_penalty=1.0, random_seed=None, repetition_penalty=1.0
-) -> bool:
-    """Check the sampling knobs; True when they mean greedy (top_k 1, or top_k 0 with top_p 0, as in TensorRT-LLM)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-        raise ValueError(f"temperature must be a number > 0 (and finite), got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (0 = no top-k limit, 1 = greedy), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 <= top_p <= 1.0:
-        raise ValueError(f"top_p must be a number in [0, 1] (0 with top_k 0 = greedy), got {top_p!r}")
-    if (
-        isinstance(length_penalty, bool)
-        or not isinstance(length_penalty, (int, float))
-        or not math.isfinite(length_penalty)
-    ):
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
-    if (
-        isinstance(repetition_penalty, bool)
-        or not isinstance(repetition_penalty, (int, float))
-        or not (0 < repetition_penalty < math.inf)
-    ):
-        raise ValueError(f"repetition_penalty must be a number > 0 (1: off), got {repetition_penalty!r}")
-    if random_seed is not None and (
-        isinstance(random_seed, bool) or not isinstance(random_seed, int) or not 0 <= random_seed < 2**63
-    ):
-        raise TypeError(f"random_seed must be None or an int in [0, 2**63), got {random_seed!r}")
-    return is_greedy(top_k, top_p)
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How one `generate` call draws its tokens, under TensorRT-LLM's SamplingConfig names.
+
+    Greedy is top_k 1 (or top_k 0 with top_p 0); otherwise temperature, top_k (0: off) and top_p sample.
+    repetition_penalty follows transformers' rule (1: off). num_beams > 1 is beam search, which does not sample, with
+    length_penalty and early_stopping (True, False or "never", as in transformers). end_id and pad_id are checked
+    against the runner's vocabulary by `check_request` (end_id -1: never stop).
+    """
+
+    end_id: int = IM_END_ID
+    pad_id: int = IM_END_ID
+    num_beams: int = 1
+    temperature: float = 1.0
+    top_k: int = 1
+    top_p: float = 0.0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    random_seed: int | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        check_int("num_beams", self.num_beams, 1)
+        check_number("temperature", self.temperature, 0, open_minimum=True)
+        check_int("top_k", self.top_k, 0)
+        check_number("top_p", self.top_p, 0, 1)
+        check_number("length_penalty", self.length_penalty)
+        check_choice("early_stopping", self.early_stopping, (True, False, "never"))
+        if self.random_seed is not None:
+            check_int("random_seed", self.random_seed, 0, 2**63 - 1)
+        check_number("repetition_penalty", self.repetition_penalty, 0, open_minimum=True)
+        if self.num_beams > 1 and not self.greedy:
+            raise ValueError("beam search picks the best beams, it does not sample: leave top_k=1 with num_beams > 1")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the knobs mean greedy decoding."""
+        return is_greedy(self.top_k, self.top_p)
 
 
 def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[list[tuple[int, ...]]] | None:
@@ -124,7 +80,7 @@ def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[
     checked = []
     for i, words in enumerate(stop_words_list):
         if not isinstance(words, (list, tuple)) or not all(
-            isinstance(w, (list, tuple)) and w and all(_is_int(t) and 0 <= t < vocab_size for t in w) for w in words
+            isinstance(w, (list, tuple)) and w and all(is_int(t) and 0 <= t < vocab_size for t in w) for w in words
         ):
             raise ValueError(
                 f"stop_words_list[{i}] must be a list of non-empty sequences of token ids in "
@@ -136,21 +92,20 @@ def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[
 
 @dataclass
 class CheckedRequest:
-    """A batch that passed `check_request`: ids on the CPU, the table in the engine dtype, one task per request.
-
-    Request i reads table row (id - vocab_size) + tasks[i] × task_vocab_size for each of its fake ids.
-    """
+    """A batch that passed `check_request`: ids on the CPU, the table in the engine dtype, one task per request, and
+    the table row each id reads (`prompt_table.rows_read`; meaningful where the id is a fake one)."""
 
     ids: list[torch.Tensor]  # [L_i] int64 each
     table: torch.Tensor | None  # [rows, H] in the engine dtype, or None without images
     tasks: list[int]  # [B]
     task_vocab_size: int  # rows per task block (0 without a table)
     vocab_size: int
+    rows: list[torch.Tensor]  # [L_i] each
+    stop_words: list[list[tuple[int, ...]]] | None = None  # per request, its stop sequences
 
     def rows_read(self, i: int) -> torch.Tensor:
         """The table rows request i reads, in the order of its fake ids: [n]."""
-        ids = self.ids[i]
-        return ids[ids >= self.vocab_size] - self.vocab_size + self.tasks[i] * self.task_vocab_size
+        return self.rows[i][self.ids[i] >= self.vocab_size]
 
     def own_tables(self) -> torch.Tensor:
         """Each request's own table (in-flight batching): the rows from its task's first row up to the last it reads,
@@ -165,42 +120,32 @@ class CheckedRequest:
         return tables
 
 
-def check_request(
-    build: BuildConfig,
-    vocab_size: int,
-    hidden_size: int,
-    batch_input_ids,
-    prompt_table=None,
-    prompt_tasks=None,
-    task_vocab_size=None,
-    max_new_tokens=64,
-    num_beams=1,
-    end_id=-1,
-    pad_id=0,
-    in_flight: bool = False,
-) -> CheckedRequest:
-    """Check a batch against an engine built with `build` (its vocabulary and hidden sizes given) before it runs.
+def check_spans_hold_fake_ids(requests, vocab_size: int) -> None:
+    """Refuse image spans that still hold a picture's path: an engine sees pictures only through a prompt table."""
+    for i, ids in enumerate(requests):
+        if not bool((ids == IMAGE_START_ID).any()):
+            continue
+        if any(bool((ids[a + 1 : b] < vocab_size).any()) for _, a, b in locate_img_pos(ids).tolist()):
+            raise ValueError(
+                f"request {i} holds an image span with the picture's path, which only the original model reads (an "
+                "engine would embed the path bytes as text): encode the picture with the vision tower, replace the span "
+                "with fake ids and pass a prompt_table (single_table_batch / per_request_tables, or QWenInfer.qwen_infer)"
+            )
 
-    in_flight=False: the batch shares one table of at most max_prompt_embedding_table_size rows (the engine's
-    ModelRunner, run.py's Python session). in_flight=True: each request gets its own table of at most
-    max_prompt_embedding_table_size / max_batch_size rows (ModelRunnerCpp's in-flight batching).
-    """
-    ids = as_id_list(batch_input_ids)
+
+def check_limits(build: BuildConfig, ids: list[torch.Tensor], max_new_tokens, num_beams) -> None:
+    """Refuse a batch past what the engine was built for: requests, input ids, input + new ids, beams."""
     if len(ids) > build.max_batch_size:
         raise ValueError(
             f"{len(ids)} requests but the engine was built with max_batch_size {build.max_batch_size}: send at most "
             "that many at once, or rebuild with a larger BuildConfig.max_batch_size"
         )
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not _is_int(num_beams) or not 1 <= num_beams <= build.max_beam_width:
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    if check_int("num_beams", num_beams, 1) > build.max_beam_width:
         raise ValueError(
             f"num_beams {num_beams!r} is outside 1…{build.max_beam_width}, the engine's max_beam_width; "
             "rebuild with BuildConfig(max_beam_width=…) for wider beam search"
         )
-    for name, value, low in (("end_id", end_id, -1), ("pad_id", pad_id, 0)):  # end_id -1: never stop
-        if not _is_int(value) or not low <= value < vocab_size:
-            raise ValueError(f"{name} must be an int in [{low}, {vocab_size}), got {value!r}")
     for i, seq in enumerate(ids):
         if len(seq) > build.max_input_len:
             raise ValueError(
@@ -213,19 +158,78 @@ def check_request(
                 f"{build.max_seq_len}; ask for at most {build.max_seq_len - len(seq)} new tokens "
                 "(generate_for_qwenvl clamps it for you, as run.py does)"
             )
+
+
+def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then TensorRT-LLM's generate inputs
+    build: BuildConfig,
+    vocab_size: int,
+    hidden_size: int,
+    batch_input_ids,
+    prompt_table=None,
+    prompt_tasks=None,
+    task_vocab_size=None,
+    max_new_tokens=64,
+    num_beams=1,
+    end_id=-1,
+    pad_id=0,
+    in_flight: bool = False,
+    path_spans: bool = False,
+    stop_words_list=None,
+) -> CheckedRequest:
+    """Check a batch against an engine built with `build` (its vocabulary and hidden sizes given) before it runs.
+
+    in_flight=False: the batch shares one table of at most max_prompt_embedding_table_size rows (the engine's
+    ModelRunner, run.py's Python session). in_flight=True: each request gets its own table of at most
+    max_prompt_embedding_table_size / max_batch_size rows (ModelRunnerCpp's in-flight batching). path_spans=True: image
+    spans may hold a picture's path (a runner that reads pictures itself). stop_words_list: TensorRT-LLM's, one list of
+    token-id sequences per request.
+    """
+    ids = as_id_list(batch_input_ids)
+    check_limits(build, ids, max_new_tokens, num_beams)
+    check_int("end_id", end_id, -1, vocab_size - 1)  # end_id -1: never stop
+    check_int("pad_id", pad_id, 0, vocab_size - 1)
+    table, tasks, tvs, ends, where = _table_of(
+        build, vocab_size, hidden_size, ids, prompt_table, prompt_tasks, task_vocab_size
+    )
+    rows = [rows_read(seq[None], torch.tensor([task]), tvs, vocab_size)[0] for seq, task in zip(ids, tasks)]
+    for i, seq in enumerate(ids):
+        if table is not None:
+            check_rows_read(i, seq, rows[i], vocab_size, table, ends[i], where[i])
+        elif bool((seq >= vocab_size).any()):
+            k = int(torch.nonzero(seq >= vocab_size)[0])
+            raise ValueError(
+                f"request {i} holds id {int(seq[k])} at position {k}, past the vocabulary (vocab_size {vocab_size}): "
+                "a fake prompt id needs a prompt_table (see ptuning_setup), other ids are invalid"
+            )
+    if not path_spans:
+        check_spans_hold_fake_ids(ids, vocab_size)
+    stop_words = check_stop_words(stop_words_list, len(ids), vocab_size)
+    checked = CheckedRequest(ids, table, tasks, tvs, vocab_size, rows, stop_words)
+    if table is not None and in_flight:
+        own = checked.own_tables().shape[1]
+        if own > build.rows_per_request:
+            raise ValueError(
+                f"a request's table has {own} rows, but this engine allows max_prompt_embedding_table_size / "
+                f"max_batch_size = {build.max_prompt_embedding_table_size} / {build.max_batch_size} = "
+                f"{build.rows_per_request} rows per request ({build.rows_per_request // 256} image(s)); send fewer "
+                "images per request or rebuild with a larger table"
+            )
+    elif table is not None and table.shape[0] > build.max_prompt_embedding_table_size:
+        raise ValueError(
+            f"the prompt table has {table.shape[0]} rows but the engine holds at most max_prompt_embedding_table_size "
+            f"= {build.max_prompt_embedding_table_size} ({build.max_prompt_embedding_table_size // 256} images of 256 "
+            "rows); send fewer images, or rebuild with 256 × images per request × max_batch_size"
+        )
+    return checked
+
+
+def _table_of(build: BuildConfig, vocab_size: int, hidden_size: int, ids, prompt_table, prompt_tasks, task_vocab_size):
+    """(table [rows, H] or None, tasks, task_vocab_size, the row each request may not reach, what those rows are)."""
+    none = (None, [0] * len(ids), 0, [0] * len(ids), [""] * len(ids))
     if prompt_table is None:
         if prompt_tasks is not None or task_vocab_size is not None:
             raise ValueError("prompt_tasks / task_vocab_size were given without a prompt_table")
-        for i, seq in enumerate(ids):
-            fake = torch.nonzero(seq >= vocab_size)
-            if len(fake):
-                k = int(fake[0])
-                raise ValueError(
-                    f"request {i} holds id {int(seq[k])} at position {k}, past the vocabulary (vocab_size "
-                    f"{vocab_size}): a fake prompt id needs a prompt_table (see ptuning_setup), other ids are invalid"
-                )
-        check_spans_hold_fake_ids(ids, vocab_size)
-        return CheckedRequest(ids, None, [0] * len(ids), 0, vocab_size)
+        return none
     if build.max_prompt_embedding_table_size == 0:
         raise ValueError(
             "this engine was built with max_prompt_embedding_table_size=0, so it has no prompt-table input and cannot "
@@ -235,7 +239,7 @@ def check_request(
     table = runtime_prompt_table(prompt_table, hidden_size, build.dtype)
     if table.dim() == 3:  # one table per task: [tables, rows, H]
         num_tables, tvs = table.shape[0], table.shape[1]
-        if task_vocab_size is not None and _scalar(task_vocab_size, "task_vocab_size") != tvs:
+        if task_vocab_size is not None and one_int(task_vocab_size, "task_vocab_size") != tvs:
             raise ValueError(
                 f"a [tables, rows, H] prompt_table has task_vocab_size = rows = {tvs}; "
                 f"task_vocab_size {task_vocab_size!r} disagrees (leave it out)"
@@ -243,76 +247,167 @@ def check_request(
         if prompt_tasks is None and num_tables not in (1, len(ids)):
             raise ValueError(f"{num_tables} tables for {len(ids)} requests: say which is whose with prompt_tasks")
         default = [0] * len(ids) if num_tables == 1 else list(range(len(ids)))
-        table = table.reshape(-1, hidden_size)  # [tables · rows, H]
-    else:  # one flat table (run.py's session): rows (id - V) + task · task_vocab_size
-        tvs = table.shape[0] if task_vocab_size is None else _scalar(task_vocab_size, "task_vocab_size")
-        if tvs == 0 and not any(bool((seq >= vocab_size).any()) for seq in ids):
-            # TensorRT-LLM's inputs for requests without pictures: a one-row table that no id reads (run.py and
-            # ModelRunner leave it uninitialised), task_vocab_size 0
-            if prompt_tasks is not None:
-                parse_tasks(prompt_tasks, len(ids), 1)
-            check_spans_hold_fake_ids(ids, vocab_size)
-            return CheckedRequest(ids, None, [0] * len(ids), 0, vocab_size)
-        if tvs < 1:
+        tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), "prompt_tasks", num_tables)
+        where = [
+            f"its own table (task {t}) has {tvs} rows; with one table per request each request's fake ids restart at "
+            "vocab_size (build them with per_request_tables)"
+            for t in tasks
+        ]
+        return table.reshape(-1, hidden_size), tasks, tvs, [(t + 1) * tvs for t in tasks], where
+    # one flat table (run.py's session): rows (id - V) + task · task_vocab_size
+    tvs = table.shape[0] if task_vocab_size is None else one_int(task_vocab_size, "task_vocab_size", 0, INT32_MAX)
+    if tvs == 0:
+        # TensorRT-LLM's inputs for requests without pictures: a one-row table that no id reads (run.py and
+        # ModelRunner leave it uninitialised), task_vocab_size 0
+        if prompt_tasks is not None:
+            parse_tasks(prompt_tasks, len(ids), "prompt_tasks", 1)
+        if any(bool((seq >= vocab_size).any()) for seq in ids):
             raise ValueError(
-                f"task_vocab_size must be >= 1 (rows per task), got {tvs}; 0 goes only with requests that hold no "
-                "fake ids (a placeholder table for requests without pictures)"
+                "task_vocab_size must be >= 1 (rows per task), got 0; 0 goes only with requests that hold no fake ids "
+                "(a placeholder table for requests without pictures)"
             )
-        num_tables, default = -(-table.shape[0] // tvs), [0] * len(ids)
-    tasks = default if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), num_tables)
-    checked = CheckedRequest(ids, table, tasks, tvs, vocab_size)
-    per_task = prompt_table.dim() == 3
-    for i, seq in enumerate(ids):
-        fake = torch.nonzero(seq >= vocab_size)[:, 0]
-        rows = seq[fake] - vocab_size  # [n]: rows from the start of the request's block
-        past = torch.nonzero(rows >= (tvs if per_task else table.shape[0] - tasks[i] * tvs))
-        if len(past):
-            k = int(fake[past[0]])
-            where = (
-                f"its own table (task {tasks[i]}) has {tvs} rows; with one table per request each request's fake "
-                "ids restart at vocab_size (build them with per_request_tables)"
-                if per_task
-                else f"the table has {table.shape[0]} rows (task {tasks[i]} starts at row {tasks[i] * tvs})"
-            )
-            raise ValueError(
-                f"request {i}: id {int(seq[k])} at position {k} reads prompt-table row "
-                f"{int(seq[k]) - vocab_size + tasks[i] * tvs}, but {where}; ids must lie in "
-                f"[0, vocab_size + table rows)"
-            )
-    check_spans_hold_fake_ids(ids, vocab_size)
-    if in_flight:
-        rows = checked.own_tables().shape[1]
-        if rows > build.rows_per_request:
-            raise ValueError(
-                f"a request's table has {rows} rows, but this engine allows max_prompt_embedding_table_size / "
-                f"max_batch_size = {build.max_prompt_embedding_table_size} / {build.max_batch_size} = "
-                f"{build.rows_per_request} rows per request ({build.rows_per_request // 256} image(s)); send fewer "
-                "images per request or rebuild with a larger table"
-            )
-    elif table.shape[0] > build.max_prompt_embedding_table_size:
-        raise ValueError(
-            f"the prompt table has {table.shape[0]} rows but the engine holds at most max_prompt_embedding_table_size "
-            f"= {build.max_prompt_embedding_table_size} ({build.max_prompt_embedding_table_size // 256} images of 256 "
-            "rows); send fewer images, or rebuild with 256 × images per request × max_batch_size"
-        )
-    bad = torch.nonzero(~torch.isfinite(table).all(dim=-1))
-    if len(bad):
-        raise ValueError(
-            f"prompt-table row {int(bad[0])} holds NaN or infinity: the image features are broken "
-            "(check the vision tower's output for that picture)"
-        )
-    return checked
+        return none
+    num_tables = -(-len(table) // tvs)
+    tasks = [0] * len(ids) if prompt_tasks is None else parse_tasks(prompt_tasks, len(ids), "prompt_tasks", num_tables)
+    where = [table_size(table, t, tvs) for t in tasks]
+    return table, tasks, tvs, [len(table)] * len(ids), where
 
 
-def _scalar(value, name: str) -> int:
-    """An int from an int or a one-element tensor / sequence (run.py passes task_vocab_size as a tensor [1])."""
-    try:
-        flat = torch.as_tensor(value).reshape(-1)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        raise TypeError(f"{name} must be an int or a one-element tensor, got {value!r}") from None
-    if flat.numel() != 1 or flat.dtype.is_floating_point or flat.dtype == torch.bool:
-        raise TypeError(f"{name} must be an int or a one-element integer tensor, got {value!r}")
-    return int(flat[0])
+def build_outputs(ids: list[torch.Tensor], new_ids, generated, pad_id: int, max_new_tokens: int, return_dict: bool):
+    """The runners' outputs: output_ids [B, beams, max input + max_new_tokens] — each row the request's ids, its new
+    tokens (new_ids [B, beams, t], the first generated [B, beams] of them), then pad_id — and, with return_dict,
+    sequence_lengths [B, beams]."""
+    b, beams = new_ids.shape[:2]
+    width = max(len(seq) for seq in ids) + max_new_tokens
+    output_ids = torch.full((b, beams, width), pad_id, dtype=torch.int32, device=new_ids.device)
+    for r, seq in enumerate(ids):
+        output_ids[r, :, : len(seq)] = seq.to(torch.int32)
+        for j in range(beams):
+            n = int(generated[r, j])
+            output_ids[r, j, len(seq) : len(seq) + n] = new_ids[r, j, :n].to(torch.int32)
+    if not return_dict:
+        return output_ids
+    lengths = torch.tensor([[len(seq)] for seq in ids], device=new_ids.device) + generated
+    return {"output_ids": output_ids, "sequence_lengths": lengths.to(torch.int32)}
+
+
+def new_tokens(outputs: dict, request: int, input_len: int, beam: int = 0) -> list[int]:
+    """The ids a runner generated for one request (beam `beam`), the end id that stopped it included: its row of
+    output_ids from `input_len` (the request's length) up to its sequence length (run.py slices output_ids alike)."""
+    return outputs["output_ids"][request, beam, input_len : int(outputs["sequence_lengths"][request, beam])].tolist()
+
+
+class Runner:
+    """TensorRT-LLM's `generate` contract, the same for every runner. A runner sets `build_config` (its limits),
+    `vocab_size`, `hidden_size`, `dtype` (a prompt table's), `max_input_len`, `max_seq_len`, `max_request_rows` (the
+    table rows one request may read) and `turn` (its OneGeneration), and writes `steps`: the new tokens of a checked
+    request."""
+
+    in_flight = False  # True: each request gets its own table of rows_per_request rows (ModelRunnerCpp)
+    path_spans = False  # True: image spans may hold a picture's path (a runner that reads pictures itself)
+
+    @property
+    def busy(self) -> bool:
+        """True while a generation runs or a streaming generation is open."""
+        return self.turn.busy
+
+    def check_request(
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        task_vocab_size=None,
+        max_new_tokens: int = 64,
+        sampling: SamplingConfig = SamplingConfig(),
+        stop_words_list=None,
+    ) -> CheckedRequest:
+        """The batch checked against this runner's limits, vocabulary and hidden size (`check_request`)."""
+        return check_request(
+            self.build_config,
+            self.vocab_size,
+            self.hidden_size,
+            batch_input_ids,
+            prompt_table,
+            prompt_tasks,
+            task_vocab_size,
+            max_new_tokens,
+            sampling.num_beams,
+            sampling.end_id,
+            sampling.pad_id,
+            self.in_flight,
+            self.path_spans,
+            stop_words_list,
+        )
+
+    def generate(  # noqa: PLR0913 — TensorRT-LLM's ModelRunner.generate keywords, as the course teaches them
+        self,
+        batch_input_ids,
+        prompt_table=None,
+        prompt_tasks=None,
+        max_new_tokens: int = 64,
+        end_id: int = IM_END_ID,
+        pad_id: int = IM_END_ID,
+        num_beams: int = 1,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float = 0.0,
+        length_penalty: float = 1.0,
+        early_stopping=False,
+        random_seed=None,
+        streaming: bool = False,
+        return_dict: bool = False,
+        task_vocab_size=None,
+        repetition_penalty: float = 1.0,
+        stop_words_list=None,
+    ):
+        """Generate for a batch of requests (list of 1-D ids): output_ids [B, beams, max input + max_new_tokens].
+
+        Each row holds the request's ids, then its new tokens (the end_id or stop word that stopped it included), then
+        pad_id. prompt_table, as TensorRT-LLM's runners take it: [rows, H] (with prompt_tasks "0,0,…" and
+        task_vocab_size) or [tables, rows, H] (task_vocab_size = rows; tasks default to table r for request r, or
+        table 0 when there is one). The sampling knobs are SamplingConfig's. stop_words_list (one list of token-id
+        sequences per request) stops a request once its new tokens end with one of them. streaming=True returns a
+        GenerationStream of the same outputs after every step; return_dict=True gives {"output_ids",
+        "sequence_lengths"}. Threads may share a runner: a call waits for the generation running (one at a time), and
+        is refused while a streaming generation is open. On a tensor-parallel rank other than 0 it returns None.
+        """
+        sampling = SamplingConfig(
+            end_id=end_id,
+            pad_id=pad_id,
+            num_beams=num_beams,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            random_seed=random_seed,
+            repetition_penalty=repetition_penalty,
+        )
+        request = self.check_request(
+            batch_input_ids, prompt_table, prompt_tasks, task_vocab_size, max_new_tokens, sampling, stop_words_list
+        )
+        self.turn.begin(streaming)  # threads wait their turn; refused while a stream is open
+        stream = None
+        try:
+            steps = self.steps(request, max_new_tokens, sampling, streaming)
+            if steps is None:  # a rank that gets no outputs (tensor parallelism)
+                return None
+
+            def outputs(step):
+                return build_outputs(request.ids, *step, sampling.pad_id, max_new_tokens, return_dict)
+
+            if streaming:
+                stream = GenerationStream(steps, outputs, self.turn)
+                return stream
+            return outputs(deque(steps, maxlen=1)[0])  # run every step, keep the last one's tokens
+        finally:
+            if stream is None:  # else the stream frees the runner when it ends
+                self.turn.end()
+
+    def steps(self, request: CheckedRequest, max_new_tokens: int, sampling: SamplingConfig, streaming: bool):
+        """The new tokens of a checked request, as (new_ids [B, beams, t], generated [B, beams]) after each step
+        (or only the last), or None on a rank that gets no outputs."""
+        raise NotImplementedError
 
 
 BUSY = "a streaming generation still holds this runner's KV cache: exhaust it or close() it first"

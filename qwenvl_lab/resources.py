@@ -60,7 +60,7 @@ def output_dir() -> Path:
     elif checkout_dir() is not None:
         folder = checkout_dir() / OUTPUT_FOLDER
     else:
-        import platformdirs  # only here: the TensorRT-LLM environment installs this package without its dependencies
+        import platformdirs  # noqa: PLC0415 — only here: the TensorRT-LLM environment installs this package without its dependencies
 
         folder = platformdirs.user_cache_path("qwenvl-lab") / OUTPUT_FOLDER
     if folder.exists() and not folder.is_dir():

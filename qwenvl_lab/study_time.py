@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.study_time", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: notebooks/0*.ipynb of this clone)")
     args = parser.parse_args(argv)
-    from .exercises import selfcheck
+    from .exercises import selfcheck  # noqa: PLC0415 — torch loads once the arguments are read
 
     if not args.notebooks and checkout_dir() is None:
         parser.error("name the notebooks: this installation is not a clone of the course")

@@ -12,6 +12,7 @@ from pathlib import Path
 import tiktoken
 
 from . import resources
+from .checks.values import is_int
 
 # Special-token ids of Qwen-VL (they follow the 151,643 BPE ranks of qwen.tiktoken)
 ENDOFTEXT_ID = 151643  # <|endoftext|>, also eos/pad in generation_config.json
@@ -157,14 +158,14 @@ def _as_ids(ids) -> list[int]:
     """A list of non-negative Python ints from a list, tuple, torch tensor, numpy array or single int."""
     if hasattr(ids, "tolist"):
         ids = ids.tolist()  # torch / numpy: [L] → list, 0-d → scalar
-    if isinstance(ids, int) and not isinstance(ids, bool):
+    if is_int(ids):
         ids = [ids]
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, range)):
         raise TypeError(
             f"token ids must be a 1-D list, tuple, torch tensor or numpy array of ints, got {type(ids).__name__}"
         )
     for k, i in enumerate(ids):
-        if isinstance(i, bool) or not isinstance(i, int):
+        if not is_int(i):
             raise TypeError(f"token ids must be a 1-D sequence of ints, got {type(i).__name__} {i!r} at position {k}")
         if i < 0:
             raise ValueError(f"token ids must be >= 0, got {i} at position {k}")
@@ -298,8 +299,21 @@ class Query(str):
         return tuple(v for kind, v in self.segments if kind == "image")
 
 
+def _boxes(boxes, k: int) -> list[tuple[int, int, int, int]]:
+    """Element k's 'box' value: a list of (x1, y1, x2, y2) boxes on the 0–1000 grid."""
+    if not isinstance(boxes, (list, tuple)):
+        raise TypeError(f"element {k}: 'box' must be a list of (x1, y1, x2, y2) boxes, got {boxes!r}")
+    for j, box in enumerate(boxes):
+        if not isinstance(box, (list, tuple)) or len(box) != 4:
+            raise TypeError(
+                f"element {k}: box {j} must be (x1, y1, x2, y2), got {box!r} "
+                "(a single box still goes in a list: [(x1, y1, x2, y2)])"
+            )
+    return [tuple(_check_coord(v, f"element {k}: box {j} coordinate") for v in box) for j, box in enumerate(boxes)]
+
+
 def _check_coord(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{where} must be an int on the 0–1000 scale, got {value!r}")
     if not 0 <= value <= 1000:
         raise ValueError(f"{where} must be on the 0–1000 scale, got {value}")
@@ -405,16 +419,7 @@ class QWenTokenizer:
                     raise TypeError(f"element {k}: 'ref' must be a str, got {type(element['ref']).__name__}")
                 flush()
                 segments += [("special", "<ref>"), ("text", element["ref"]), ("special", "</ref>")]
-            boxes = element.get("box", ())
-            if not isinstance(boxes, (list, tuple)):
-                raise TypeError(f"element {k}: 'box' must be a list of (x1, y1, x2, y2) boxes, got {boxes!r}")
-            for j, box in enumerate(boxes):
-                if not isinstance(box, (list, tuple)) or len(box) != 4:
-                    raise TypeError(
-                        f"element {k}: box {j} must be (x1, y1, x2, y2), got {box!r} "
-                        "(a single box still goes in a list: [(x1, y1, x2, y2)])"
-                    )
-                x1, y1, x2, y2 = (_check_coord(v, f"element {k}: box {j} coordinate") for v in box)
+            for x1, y1, x2, y2 in _boxes(element.get("box", ()), k):
                 flush()
                 segments += [("special", "<box>"), ("text", f"({x1},{y1}),({x2},{y2})"), ("special", "</box>")]
         flush()
@@ -538,7 +543,7 @@ def make_context(
         raise TypeError(f"make_context takes a QWenTokenizer first, got {type(tokenizer).__name__}")
     if not isinstance(system, str):
         raise TypeError(f"system must be a str, got {type(system).__name__}")
-    if isinstance(max_window_size, bool) or not isinstance(max_window_size, int) or max_window_size <= 0:
+    if not is_int(max_window_size) or max_window_size <= 0:
         raise ValueError(f"max_window_size must be a positive int, got {max_window_size!r}")
     if not isinstance(query, str):
         raise TypeError(f"query must be a str (plain text) or a Query, got {type(query).__name__}")

@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from .checkpoint import check_state_dict, iter_weights, load_config, load_visual_tower
+from .checks.tensors import DTYPES, to_torch_dtype
+from .checks.values import is_int
 from .files import CheckpointError, field, read_json
 from .layout import hf_name, is_visual, to_trtllm_names
 from .modeling import QWenLMHeadModel, QWenVLConfig
-from .prompt_table import DTYPES, to_torch_dtype
 from .tokenizing import IMAGE_START_ID
 from .vision import VisionTransformer
 
@@ -72,7 +73,7 @@ def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1
     """config.json of the unified checkpoint: TensorRT-LLM 1.2.x QWenConfig fields for Qwen-VL-Chat's LM."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)} (TensorRT-LLM checkpoint dtypes), got {dtype!r}")
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+    if not is_int(tp_size) or tp_size < 1:
         raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
     ffn = config.intermediate_size // 2  # Qwen v1: intermediate_size is twice the MLP width
     if config.num_attention_heads % tp_size or ffn % tp_size:

@@ -1,6 +1,7 @@
 """The course's interactive parts: token viewer, prompt-table explorer, ask-the-model panel, chat panel (logic +
 widgets)."""
 
+import base64
 import html
 import io
 import os
@@ -9,24 +10,27 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from .chat import ModelAsRunner, ask_batch, make_prompt
+from .chat import ModelAsRunner, answer_inputs, engine_inputs, make_prompt
+from .checks.tensors import as_batch, one_int, parse_tasks
+from .checks.values import is_int
+from .diagrams import figure_png, table_heatmap
 from .grounding import draw_boxes, parse_boxes, to_list_format
-from .img_pos import as_batch
-from .prompt_table import single_table_batch
+from .pictures import load_image
+from .prompt_table import lookup_rows, table_layout
 from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
-from .vision import load_image
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
 KIND_COLORS = {
     "text": "#e9ecef",
     "special": "#ffd166",
-    "image_tag": "#f4a261",
+    "image_tag": "#e8590c",
     "image_path_byte": "#8ecae6",
     "imgpad": "#cdb4db",
     "vocab_pad": "#ef476f",
     "fake_prompt_id": "#95d5b2",
 }
 PADDING_COLOR = "#ffffff"
+HEATMAP_CLASS = "qwenvl-heatmap"  # the CSS class of the Image widgets that show a prompt table
 COLLAPSIBLE = ("imgpad", "fake_prompt_id")  # long runs of these kinds show as one chip
 CHIP_STYLE = (
     "display:inline-block;margin:1px;padding:0 3px;border-radius:3px;white-space:pre;text-align:center;background:"
@@ -70,7 +74,7 @@ class TokenView:
         ids = as_batch(ids)
         if ids.shape[0] != 1:
             raise ValueError(f"TokenView shows one sequence, got a batch of {ids.shape[0]}; pass input_ids[b]")
-        if isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 2:
+        if not is_int(collapse) or collapse < 2:
             raise ValueError(f"collapse must be an int >= 2 (the shortest run shown as one chip), got {collapse!r}")
         ids = ids[0].tolist()
         kinds = tokenizer.token_kinds(ids)
@@ -89,7 +93,7 @@ class TokenView:
 
     def check_position(self, position) -> int:
         """Return `position` if it indexes the sequence, else raise a ValueError."""
-        if isinstance(position, bool) or not isinstance(position, int):
+        if not is_int(position):
             raise TypeError(f"position must be an int, got {type(position).__name__}")
         if not 0 <= position < len(self):
             raise ValueError(f"position {position} is outside the sequence: choose 0…{len(self) - 1}")
@@ -101,12 +105,17 @@ class TokenView:
         return f"position {p}: id {self.ids[p]} · {self.kinds[p]} · {self.meanings[p]}"
 
     def chips(self) -> list[Chip]:
-        """Chips in order: one per id, except runs of `collapse` or more `<imgpad>` / fake ids, which share one."""
+        """Chips in order: one per id, except runs of `collapse` or more `<imgpad>` / fake ids, or of one special token
+        repeated (the `<|im_end|>` padding after an answer, `<|endoftext|>` padding before a prompt), which share one."""
         chips, p = [], 0
         while p < len(self):
             kind, q = self.kinds[p], p + 1
-            while kind in COLLAPSIBLE and q < len(self) and self.kinds[q] == kind:
-                q += 1
+            if kind in COLLAPSIBLE:
+                while q < len(self) and self.kinds[q] == kind:
+                    q += 1
+            elif kind == "special":
+                while q < len(self) and self.ids[q] == self.ids[p]:
+                    q += 1
             if q - p < self.collapse:
                 q = p + 1
             if q - p == 1:
@@ -115,10 +124,13 @@ class TokenView:
             elif kind == "imgpad":
                 label = f"<imgpad> ×{q - p}"
                 title = f"{p}–{q - 1}: {q - p} × id {IMAGE_PAD_ID} <imgpad> (image_start_id + 2)"
-            else:
+            elif kind == "fake_prompt_id":
                 first, last = self.ids[p], self.ids[q - 1]
                 label = f"V+{first - MODEL_VOCAB_SIZE} … V+{last - MODEL_VOCAB_SIZE}"
                 title = f"{p}–{q - 1}: {q - p} fake prompt ids {first} … {last} (V = {MODEL_VOCAB_SIZE})"
+            else:
+                label = f"{self.labels[p]} ×{q - p}"
+                title = f"{p}–{q - 1}: {q - p} × id {self.ids[p]} · {self.meanings[p]}"
             chips.append(Chip(p, q, kind, label, title))
             p = q
         return chips
@@ -131,7 +143,8 @@ class TokenView:
         parts.append('<div style="font-family:monospace;font-size:12px;line-height:1.8">')
         for chip in self.chips():
             outline = "outline:2px solid #000;" if selected is not None and chip.start <= selected < chip.stop else ""
-            ids = f"{self.ids[chip.start]}" + (f"…{self.ids[chip.stop - 1]}" if chip.stop - chip.start > 1 else "")
+            first, last = self.ids[chip.start], self.ids[chip.stop - 1]
+            ids = f"{first}" if first == last else f"{first}…{last}"
             under = f'<span style="{ID_STYLE}">{ids}</span>' if show_ids else ""
             style = f"{outline}{CHIP_STYLE}{KIND_COLORS[chip.kind]}"
             label = html.escape(chip.label)
@@ -178,13 +191,22 @@ def token_viewer(tokenizer, ids, collapse: int = 8):
 # Figures
 
 
+ROW_HEIGHT = 0.62  # of each sequence's band in plot_token_kinds: the gaps between them keep the rows apart
+
+
 def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax=None, title: str = "token kinds"):
-    """A batch [B, L] as coloured cells, one colour per token kind (padding white); `img_pos` ticks mark the tags."""
+    """A batch [B, L] as bands of coloured cells, one band per sequence and one colour per token kind (padding white);
+    the image tags are drawn as bars wide enough to see, and `img_pos` as black triangles above them."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
+    from .fonts import use_cjk_font
+
+    use_cjk_font()
     input_ids = as_batch(input_ids)  # [B, L]
+    batch, length = input_ids.shape
     kinds = [tokenizer.token_kinds(row) for row in input_ids.tolist()]
     grid = torch.tensor([[TOKEN_KINDS.index(k) for k in row] for row in kinds])  # [B, L]
     if attention_mask is not None:
@@ -195,113 +217,94 @@ def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax
                 f"{tuple(input_ids.shape)}; give one mask value per id"
             )
         grid[attention_mask == 0] = len(TOKEN_KINDS)  # padding
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * input_ids.shape[0]))
-    cmap = ListedColormap([KIND_COLORS[k] for k in TOKEN_KINDS] + [PADDING_COLOR])
-    ax.imshow(grid.numpy(), aspect="auto", cmap=cmap, vmin=-0.5, vmax=len(TOKEN_KINDS) + 0.5, interpolation="nearest")
     if img_pos is not None:
         img_pos = torch.as_tensor(img_pos).reshape(-1, 3)
-        outside = len(img_pos) and (
-            int(img_pos[:, 0].max()) >= input_ids.shape[0] or int(img_pos[:, 1:].max()) >= input_ids.shape[1]
-        )
+        outside = len(img_pos) and (int(img_pos[:, 0].max()) >= batch or int(img_pos[:, 1:].max()) >= length)
         if outside:
             raise ValueError(f"img_pos points outside the batch of shape {tuple(input_ids.shape)}")
-        for i, a, b in img_pos.tolist():
-            ax.plot([a, b], [i, i], "|", color="black", markersize=14, markeredgewidth=2)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.9 + 0.7 * batch))
+    cmap = ListedColormap([KIND_COLORS[k] for k in TOKEN_KINDS] + [PADDING_COLOR])
+    half = ROW_HEIGHT / 2
+    for b in range(batch):
+        ax.imshow(grid[b : b + 1].numpy(), aspect="auto", cmap=cmap, vmin=-0.5, vmax=len(TOKEN_KINDS) + 0.5,
+                  interpolation="nearest", extent=(-0.5, length - 0.5, b + half, b - half))  # fmt: skip
+        tags = (grid[b] == TOKEN_KINDS.index("image_tag")).nonzero().reshape(-1).tolist()
+        ax.vlines(tags, b - half, b + half, color=KIND_COLORS["image_tag"], linewidth=3)
+    if img_pos is not None and len(img_pos):
+        rows, starts, ends = img_pos.T.tolist()
+        ax.plot(starts + ends, [r - half - 0.08 for r in rows + rows], "v", color="black", markersize=6,
+                linestyle="none")  # fmt: skip
     shown = set(grid.unique().tolist())
     handles = [Patch(color=KIND_COLORS[k], label=k) for n, k in enumerate(TOKEN_KINDS) if n in shown]
     if len(TOKEN_KINDS) in shown:
         handles.append(Patch(facecolor=PADDING_COLOR, edgecolor="#999999", label="padding"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    ax.set(xlabel="position", ylabel="sequence", yticks=range(input_ids.shape[0]), title=title)
+    if img_pos is not None and len(img_pos):
+        handles.append(Line2D([], [], marker="v", color="black", linestyle="none", label="img_pos: <img>, </img>"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=9, frameon=False)
+    ax.set(xlabel="position", ylabel="sequence", yticks=range(batch), title=title)
+    ax.set_xlim(-0.5, length - 0.5)
+    ax.set_ylim(batch - 0.5, -0.5 - 0.12)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
     return ax
 
 
 # The prompt-table explorer
 
 
-def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: int | None = None) -> torch.Tensor:
-    """(sequence, position, fake id, table row) of every id >= vocab_size: row = id - V + task × task_vocab_size."""
-    input_ids = as_batch(input_ids)  # [B, L]
-    tasks = torch.as_tensor(tasks).reshape(-1).long()
-    if tasks.shape[0] != input_ids.shape[0]:
-        raise ValueError(f"{tasks.shape[0]} tasks for a batch of {input_ids.shape[0]}: give one task per sequence")
-    if (tasks < 0).any():
-        raise ValueError(f"tasks must be non-negative, got {tasks.tolist()}")
-    task_vocab_size = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
-    seq, pos = torch.where(input_ids >= vocab_size)
-    fake = input_ids[seq, pos]
-    rows = fake - vocab_size + tasks[seq] * task_vocab_size
-    if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
-        raise ValueError(
-            f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
-            "(on a GPU engine this read would go out of bounds)"
-        )
-    return torch.stack([seq, pos, fake, rows], dim=1)  # [M, 4]
-
-
 def describe_lookup(entry, tasks, task_vocab_size, vocab_size: int) -> str:
     """One line: which prompt-table row the fake id at (sequence, position) reads, and why."""
     seq, pos, fake, row = (int(v) for v in entry)
-    task = int(torch.as_tensor(tasks).reshape(-1)[seq])
-    tvs = int(torch.as_tensor(task_vocab_size).reshape(-1)[0])
+    task = parse_tasks(tasks, None)[seq]
+    tvs = one_int(task_vocab_size, "task_vocab_size", 0)
     return (
         f"sequence {seq}, position {pos}: fake id {fake} = V + {fake - vocab_size} → "
         f"row {fake - vocab_size} + task {task} × {tvs} = prompt_table row {row}"
     )
 
 
-def table_heatmap(prompt_table: torch.Tensor, highlight=(), ax=None, title: str = "prompt_table"):
-    """Heat map of a prompt table [rows, H] (rows down, hidden dims across); `highlight` rows are boxed."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
+def fake_id_label(entry) -> str:
+    """The table explorer's name for a fake id of the batch: the id and its sequence, as describe_lookup names them."""
+    seq, _, fake, _ = (int(v) for v in entry)
+    return f"{fake} (seq {seq})"
 
-    if not isinstance(prompt_table, torch.Tensor) or prompt_table.dim() != 2:
-        raise ValueError("table_heatmap takes a 2-D prompt table [rows, H] (flatten input_vit with ptuning_setup)")
-    table = prompt_table.detach().float().cpu()
-    rows, hidden = table.shape
-    highlight = [int(r) for r in highlight]
-    for r in highlight:
-        if not 0 <= r < rows:
-            raise ValueError(f"cannot highlight row {r}: the table has rows 0…{rows - 1}")
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.6))
-    limit = float(table.abs().max()) or 1.0
-    image = ax.imshow(table.numpy(), aspect="auto", cmap="coolwarm", vmin=-limit, vmax=limit, interpolation="nearest")
-    for r in highlight:
-        ax.add_patch(Rectangle((-0.5, r - 0.5), hidden, 1, fill=False, edgecolor="black", linewidth=1.5))
-    ax.set(xlabel="hidden dimension", ylabel="row", title=f"{title} [{rows}, {hidden}]")
-    ax.figure.colorbar(image, ax=ax, fraction=0.04)
-    return ax
+
+def heatmap_png(prompt_table, highlight=(), title: str = "prompt_table", layout=()) -> bytes:
+    """table_heatmap drawn at one fixed size, as PNG bytes for an Image widget."""
+    ax = table_heatmap(prompt_table, highlight=highlight, title=title, layout=layout)
+    return figure_png(ax.figure)
 
 
 def table_explorer(input_ids, prompt_table, tasks, task_vocab_size, vocab_size: int):
-    """Widget: pick a fake id in the sequence, see which table row it reads, boxed on the heat map."""
+    """Widget: pick a fake id of the batch (the slider names it), see which table row it reads, marked on the heat map
+    of the table, whose blocks say which request's picture they hold and which rows nobody reads."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-    from IPython.display import display
 
     entries = lookup_rows(input_ids, tasks, task_vocab_size, vocab_size, table_rows=prompt_table.shape[0])
     if not len(entries):
         raise ValueError(f"the ids hold no fake prompt ids (>= {vocab_size}); replace the image spans first")
-    slider = widgets.IntSlider(
-        value=0, min=0, max=len(entries) - 1, description="fake id #", layout=widgets.Layout(width="100%")
+    layout = table_layout(input_ids, tasks, task_vocab_size, vocab_size, prompt_table.shape[0])
+    slider = widgets.SelectionSlider(
+        options=[(fake_id_label(e), k) for k, e in enumerate(entries)],
+        value=0,
+        description="fake id",
+        continuous_update=False,
+        layout=widgets.Layout(width="100%"),
+        style={"description_width": "initial"},
     )
     info = widgets.HTML()
-    out = widgets.Output()
+    heat_map = widgets.Image(format="png", layout=widgets.Layout(align_self="flex-start"))  # at its size, not stretched
+    heat_map.add_class(HEATMAP_CLASS)
 
     def on_select(change):
         entry = entries[change["new"]]
         info.value = html.escape(describe_lookup(entry, tasks, task_vocab_size, vocab_size))
-        with out:
-            out.clear_output(wait=True)
-            ax = table_heatmap(prompt_table, highlight=[int(entry[3])])
-            display(ax.figure)
-            plt.close(ax.figure)
+        heat_map.value = heatmap_png(prompt_table, highlight=[int(entry[3])], layout=layout)
 
     slider.observe(on_select, names="value")
     on_select({"new": 0})
-    return widgets.VBox([slider, info, out])
+    return widgets.VBox([slider, info, heat_map])
 
 
 # The ask-the-model panel
@@ -355,30 +358,34 @@ def ask_panel_result(model, tokenizer, picture, question: str, max_new_tokens: i
     """Ids, prompt table and greedy answer for one picture (path or PIL image) and one question."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError("type a question, e.g. 图片里是什么？")
-    _, ids = make_prompt(tokenizer, question, [picture])  # [L]
-    with torch.inference_mode():
-        input_vit = model.transformer.visual.encode([picture]).to(model.dtype)  # [1, 256, H]
-    fake_ids, prompt_table, _, _ = single_table_batch(torch.tensor([ids]), input_vit, model.config.vocab_size)
-    [answer] = ask_batch(
-        ModelAsRunner(model),
-        None,
-        tokenizer,
-        [([picture], question)],
-        input_vit=input_vit,
-        max_new_tokens=max_new_tokens,
-    )
-    return PanelResult(ids, fake_ids[0].tolist(), prompt_table, answer)
+    runner, (_, ids) = ModelAsRunner(model), make_prompt(tokenizer, question, [picture])  # [L]
+    inputs = engine_inputs(runner, model.transformer.visual, tokenizer, [([picture], question)])
+    [answer] = answer_inputs(runner, tokenizer, inputs, max_new_tokens)
+    return PanelResult(ids, inputs.batch_input_ids[0].tolist(), inputs.prompt_table, answer)
 
 
 UPLOADED = "(the uploaded picture)"  # the dropdown's entry while an upload is the picture
 NO_PICTURE = "(no new picture)"  # the chat panel's entry for a question without a picture
 
 
+def stale_note(what: str) -> str:
+    """What the ask panel says in place of a result once its picture or question has changed."""
+    return f"<i>the {html.escape(what)} changed: press <b>Ask</b> for an answer about the {html.escape(what)} shown</i>"
+
+
+def picture_preview(load, caption: str) -> tuple[bytes, str]:
+    """(PNG bytes, HTML caption) of the picture `load()` gives, for a panel; one that cannot be read gives no PNG and
+    says why."""
+    try:
+        return picture_png(load()), html.escape(caption)
+    except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
+        return b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
+
+
 def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什么？"):
-    """Widget: choose (or upload) a picture, see it, type a question, see the ids, the prompt table and the answer."""
+    """Widget: choose (or upload) a picture, see it, type a question, see the ids, the prompt table and the answer; a
+    result is cleared the moment the picture or the question changes, so what is shown always belongs to them."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-    from IPython.display import display
 
     if not pictures:
         raise ValueError("give at least one picture: {label: path}")
@@ -390,21 +397,25 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
     button = widgets.Button(description="Ask", button_style="primary")
     answer = widgets.HTML()
     ids_view = widgets.HTML()
-    table_out = widgets.Output()
+    table = widgets.Image(
+        format="png", layout=widgets.Layout(display="none", align_self="flex-start")
+    )  # with an answer
+    table.add_class(HEATMAP_CLASS)
 
     def current_picture():
         return picture_from_upload(upload.value) if upload.value else choice.value
 
+    def clear_result(what):
+        if answer.value and not answer.value.startswith("<i>"):  # a result (or an error) about what was there
+            answer.value = stale_note(what)
+        ids_view.value = ""
+        show_png(table, b"")
+
     def show_picture(_=None):
-        try:
-            png, text = (
-                picture_png(current_picture()),
-                html.escape(f"uploaded: {upload.value[0]['name']}" if upload.value else f"sample: {choice.label}"),
-            )
-        except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
-            png, text = b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
+        caption = f"uploaded: {upload.value[0]['name']}" if upload.value else f"sample: {choice.label}"
+        png, source.value = picture_preview(current_picture, caption)
         show_png(shown, png)
-        source.value = text
+        clear_result("picture")
 
     def on_upload(_):
         if upload.value:
@@ -421,8 +432,7 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
 
     def on_ask(_):
         ids_view.value = ""
-        with table_out:
-            table_out.clear_output()
+        show_png(table, b"")
         try:
             result = ask_panel_result(model, tokenizer, current_picture(), text.value)
         except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
@@ -430,14 +440,12 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
             return
         answer.value = f"<b>answer:</b> {html.escape(result.answer)}"
         ids_view.value = TokenView.of(tokenizer, result.fake_ids).to_html()
-        with table_out:
-            ax = table_heatmap(result.prompt_table)
-            display(ax.figure)
-            plt.close(ax.figure)
+        show_png(table, heatmap_png(result.prompt_table, title="this picture's prompt_table"))
 
     button.on_click(on_ask)
     upload.observe(on_upload, names="value")
     choice.observe(on_choice, names="value")
+    text.observe(lambda _: clear_result("question"), names="value")
     show_picture()
     return widgets.VBox(
         [
@@ -446,7 +454,7 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
             widgets.HBox([text, button]),
             answer,
             ids_view,
-            table_out,
+            table,
         ]
     )
 
@@ -472,37 +480,67 @@ def boxes_picture(conversation, answer: str):
     return draw_boxes(conversation.pictures[-1], boxes) if boxes else None
 
 
-def transcript_html(conversation) -> str:
-    """The conversation so far as HTML: each question (and the pictures it brought), then its answer."""
+def thumbnail_html(picture, size: int = 72) -> str:
+    """A picture (path or PIL image) as an inline <img> of at most `size` pixels, or "" when it cannot be read."""
+    try:
+        png = picture_png(picture, size)
+    except (ValueError, TypeError, FileNotFoundError, IsADirectoryError, OSError):
+        return ""
+    return (
+        f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
+        'style="vertical-align:middle;margin:2px 4px;border:1px solid #ccc">'
+    )
+
+
+def transcript_html(conversation, drawings=None) -> str:
+    """The conversation so far as HTML: each question with a thumbnail of every picture it brought, then its answer,
+    and `drawings[k]` (PNG bytes: the boxes of turn k's answer drawn on its picture) under turn k's answer."""
     rows = []
-    for query, answer in conversation.history:
+    for k, (query, answer) in enumerate(conversation.history):
         elements = to_list_format(query)
-        pictures = ", ".join(html.escape(os.path.basename(e["image"])) for e in elements if "image" in e)
+        paths = [e["image"] for e in elements if "image" in e]
+        pictures = "".join(thumbnail_html(p) + f"<i>[{html.escape(os.path.basename(p))}]</i> " for p in paths)
         question = "".join(e.get("text", "") for e in elements)
+        drawn = (drawings or {}).get(k)
+        boxes = (
+            f'<div><img src="data:image/png;base64,{base64.b64encode(drawn).decode()}" '
+            'style="margin:2px 0 6px 3em;border:1px solid #ccc"></div>'
+            if drawn
+            else ""
+        )
         rows.append(
-            f"<div><b>you:</b> {html.escape(question)}{f' <i>[{pictures}]</i>' if pictures else ''}</div>"
-            f"<div><b>model:</b> {html.escape(answer)}</div>"
+            f"<div><b>you:</b> {html.escape(question)}{f' {pictures}' if pictures else ''}</div>"
+            f"<div><b>model:</b> {html.escape(answer)}</div>{boxes}"
         )
     return "".join(rows)
 
 
 def chat_panel(conversation, pictures: dict, question: str = "框出图中红色的圆形"):
-    """Widget: a chat with the engine — attach a picture (or not), ask, watch the answer stream, see its boxes drawn on
-    the picture; "clear history" starts over."""
+    """Widget: a chat with the engine — attach a picture (or not; a thumbnail shows it), ask, watch the answer stream,
+    see each turn's pictures and the boxes of its answer drawn on its picture; "clear history" starts over."""
     import ipywidgets as widgets
 
     if not pictures:
         raise ValueError("give at least one picture: {label: path}")
     choice = widgets.Dropdown(options=[(NO_PICTURE, NO_PICTURE), *pictures.items()], description="picture")
+    attached = widgets.Image(
+        format="png", layout=widgets.Layout(display="none")
+    )  # the picture the next question brings
     text = widgets.Text(value=question, description="you")
     send = widgets.Button(description="Send", button_style="primary")
     clear = widgets.Button(description="Clear history")
     transcript, answer = widgets.HTML(), widgets.HTML()
-    boxes = widgets.Image(format="png", layout=widgets.Layout(display="none"))  # shown when an answer has boxes
+    drawings = {}  # turn → PNG of its answer's boxes on its picture
+
+    def on_choice(_=None):
+        try:
+            png = b"" if choice.value == NO_PICTURE else picture_png(choice.value, 96)
+        except (ValueError, TypeError, FileNotFoundError, IsADirectoryError):
+            png = b""
+        show_png(attached, png)
 
     def on_send(_):
         send.disabled = True
-        show_png(boxes, b"")
         try:
             for so_far in chat_turn(conversation, text.value, None if choice.value == NO_PICTURE else choice.value):
                 answer.value = f"<b>model:</b> {html.escape(so_far)}"
@@ -513,15 +551,16 @@ def chat_panel(conversation, pictures: dict, question: str = "框出图中红色
             send.disabled = False
         drawn = boxes_picture(conversation, conversation.history[-1][1])
         if drawn is not None:
-            show_png(boxes, picture_png(drawn, size=320))
-        transcript.value, answer.value = transcript_html(conversation), ""
+            drawings[len(conversation.history) - 1] = picture_png(drawn, size=240)
+        transcript.value, answer.value = transcript_html(conversation, drawings), ""
         choice.value = NO_PICTURE
 
     def on_clear(_):
         conversation.clear()
+        drawings.clear()
         transcript.value = answer.value = ""
-        show_png(boxes, b"")
 
     send.on_click(on_send)
     clear.on_click(on_clear)
-    return widgets.VBox([widgets.HBox([choice]), widgets.HBox([text, send, clear]), transcript, answer, boxes])
+    choice.observe(on_choice, names="value")
+    return widgets.VBox([widgets.HBox([choice, attached]), widgets.HBox([text, send, clear]), transcript, answer])

@@ -15,7 +15,9 @@ import torch
 from PIL import Image
 
 from qwenvl_lab.checkpoint import load_checkpoint, make_tiny_checkpoint
+from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.tokenizing import load_tokenizer
+from qwenvl_lab.toy import TOY_DIR
 
 # The test models are tiny: on the shared 2-core machine extra intra-op threads only add contention (10-100x slower)
 torch.set_num_threads(1)
@@ -58,7 +60,6 @@ def image_files(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint built into an engine directory (fp32; 8 requests of up to 2 pictures, 3 beams)."""
-    from qwenvl_lab.engine import BuildConfig, build_engine
 
     config = BuildConfig(
         max_batch_size=8,
@@ -74,8 +75,6 @@ def tiny_engine(tiny_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def toy_chat(tmp_path_factory):
     """(runner, vision tower, tokenizer) of the shipped toy model built as an engine: one request of up to 4 pictures."""
-    from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
-    from qwenvl_lab.toy import TOY_DIR
 
     config = BuildConfig(max_batch_size=1, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=1024)
     engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-engine"), config)

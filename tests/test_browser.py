@@ -1,7 +1,9 @@
 """The course in a real browser: JupyterLab in headless Chromium runs every notebook (Run → Run All Cells), checks
 that no cell fails and every widget renders, and drives the widgets as a learner would (token viewer, table explorer,
 ask panel, chat panel, self-check); then it opens every notebook as a learner's copy in my-notebooks/ and follows each
-relative link.
+relative link. Every figure, widget and HTML output of every notebook is saved as a screenshot, after the run and
+after each widget is driven, into a gallery with an index.html (browser-gallery/ in the course's output folder, or
+$QWENVL_LAB_GALLERY; `make screenshots` makes it).
 
 Needs Playwright for Python and Debian's Chromium (/usr/bin/chromium; Playwright never downloads a browser here).
 Without them the tests are skipped with the reason; with QWENVL_LAB_BROWSER_TEST=required (`make browser`) they fail.
@@ -27,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from qwenvl_lab.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
-from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER
+from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER, output_dir
+from qwenvl_lab.widgets import HEATMAP_CLASS
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
@@ -225,7 +228,7 @@ def learner_lab(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Debian's headless Chromium driven by Playwright, with a fresh profile."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 — playwright: the browser test's extra
 
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
@@ -429,19 +432,26 @@ def drive_token_viewer(notebook: Notebook, root):
 
 
 def drive_table_explorer(notebook: Notebook, root):
-    """Move the fake-id slider: the described table row changes and the heat map is drawn again."""
+    """Move the fake-id slider: the slider and the text name the same fake id, the described table row changes and
+    the heat map is drawn again, at the size it had."""
     info, slider = html_matching(root, LOOKUP), root.locator(".widget-slider")
-    heat_map = root.locator(".widget-output img").first
-    before, map_before = info.inner_text().strip(), heat_map.get_attribute("src")
+    heat_map = root.locator(f"img.{HEATMAP_CLASS}").first
+    before, map_before, size_before = info.inner_text().strip(), heat_map.get_attribute("src"), heat_map.bounding_box()
     drag_slider(notebook.page, slider, 0.7)
     notebook.wait_idle(WIDGET_S, "the kernel done with the table explorer's slider")
     after, readout = info.inner_text().strip(), slider.locator(".widget-readout").inner_text().strip()
     assert LOOKUP.match(after), f"the table explorer describes {after!r}"
-    assert LOOKUP.match(after).group(4) != LOOKUP.match(before).group(4), (
-        f"moving the slider to fake id #{readout} left the row as it was: {before!r} → {after!r}"
+    seq, _, fake, row = LOOKUP.match(after).groups()
+    assert readout == f"{fake} (seq {seq})", f"the slider reads {readout!r} but the text says {after!r}"
+    assert row != LOOKUP.match(before).group(4), (
+        f"moving the slider to fake id {readout} left the row as it was: {before!r} → {after!r}"
     )
-    heat_map.wait_for()
     assert heat_map.get_attribute("src") != map_before, "the heat map was not drawn again for the new row"
+    size = heat_map.bounding_box()
+    assert (round(size["width"]), round(size["height"])) == (
+        round(size_before["width"]),
+        round(size_before["height"]),
+    ), f"the heat map changed size with the slider: {size_before} → {size}"
 
 
 def pick_option(root, skip=()) -> str:
@@ -471,7 +481,13 @@ def drive_ask_panel(notebook: Notebook, root):
     text = reply.inner_text().strip()
     assert re.match(r"^answer: \S", text), f"the ask panel says {text!r}"
     html_matching(root, re.compile(r"fake_prompt_id \d+")).wait_for()
-    root.locator(".widget-output img").first.wait_for()
+    root.locator(f"img.{HEATMAP_CLASS}").first.wait_for()
+    shoot(notebook, root, "ask-panel-answered")
+    other = pick_option(root, skip={label})  # another picture: the answer about the one before must go
+    notebook.wait_idle(WIDGET_S, f"the kernel done with choosing {other}")
+    html_matching(root, re.compile(r"the picture changed")).wait_for(timeout=WIDGET_S * 1000)
+    assert not reply.count(), f"after choosing {other} the ask panel still shows {text!r}"
+    assert not root.locator(f"img.{HEATMAP_CLASS}").first.is_visible(), "the table of the picture before is still shown"
 
 
 def drive_chat_panel(notebook: Notebook, root):
@@ -486,6 +502,8 @@ def drive_chat_panel(notebook: Notebook, root):
     text = turn.inner_text()
     assert re.search(r"model: \S", text), f"the chat transcript has no answer: {text!r}"
     assert os.path.basename(label) in text, f"the transcript does not name the picture {label!r}: {text!r}"
+    thumbnail = turn.locator("img").first
+    assert thumbnail.evaluate("img => img.complete && img.naturalWidth > 0"), "the turn's picture has no thumbnail"
 
 
 def drive_self_check(notebook: Notebook, root):
@@ -506,7 +524,7 @@ DRIVERS = {  # kind → (how to recognise it inside a widget's view, how to driv
         drive_token_viewer,
     ),
     "table explorer": (
-        lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^fake id #$")),
+        lambda root: root.locator(".widget-slider .widget-label", has_text=re.compile(r"^fake id$")),
         drive_table_explorer,
     ),
     "ask panel": (lambda root: root.get_by_role("button", name="Ask", exact=True), drive_ask_panel),
@@ -531,13 +549,78 @@ def drive_widgets(notebook: Notebook) -> set[str]:
                 except AssertionError as err:
                     raise CourseProblem(f"the {kind} (widget {n}) does not respond as it should: {err}", root) from None
                 driven.add(kind)
+                shoot(notebook, root, f"widget{n:02d}-{kind.replace(' ', '-')}-driven")
     check_outputs(notebook)
     return driven
 
 
+# The gallery: a screenshot of every figure and widget of every notebook, in one page (`make screenshots`)
+
+GALLERY_ENV = "QWENVL_LAB_GALLERY"  # the gallery's folder; default: browser-gallery/ in the course's output folder
+SHOT_MIMES = ("image/png", "application/vnd.jupyter.widget-view+json", "text/html")  # figures, widgets, tables, chips
+TOP_OUTPUTS = ".jp-Cell-outputArea > .jp-OutputArea-child > .jp-OutputArea-output"
+
+
+def gallery_dir() -> Path:
+    """The gallery's folder, made if needed."""
+    folder = Path(os.environ.get(GALLERY_ENV) or output_dir() / "browser-gallery")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def notebook_gallery(notebook: Notebook) -> Path:
+    """The folder of one notebook's screenshots (solutions/04_solutions → solutions-04_solutions)."""
+    return gallery_dir() / Path(notebook.path).relative_to("notebooks").with_suffix("").as_posix().replace("/", "-")
+
+
+def shoot(notebook: Notebook, element, name: str):
+    """Save a screenshot of `element` as NAME.png in the notebook's gallery folder."""
+    folder = notebook_gallery(notebook)
+    folder.mkdir(parents=True, exist_ok=True)
+    page, viewport = notebook.page, notebook.page.viewport_size
+    element.scroll_into_view_if_needed()
+    box = element.bounding_box() or {"height": 0}
+    if box["height"] > viewport["height"] - 200:  # a tall widget: a taller window, so that all of it is on screen
+        page.set_viewport_size({"width": viewport["width"], "height": int(box["height"]) + 300})
+        page.wait_for_timeout(500)  # JupyterLab lays the notebook out again
+        element.scroll_into_view_if_needed()
+    try:
+        element.screenshot(path=folder / f"{name}.png", animations="disabled")
+    finally:
+        page.set_viewport_size(viewport)
+
+
+def shoot_every_output(notebook: Notebook):
+    """A screenshot of every figure, widget and HTML output of the notebook as the run left it (the notebook's
+    earlier screenshots removed first)."""
+    shutil.rmtree(notebook_gallery(notebook), ignore_errors=True)
+    cells = notebook.page.locator(".jp-Notebook .jp-Cell")
+    for index in range(cells.count()):
+        outputs = cells.nth(index).locator(TOP_OUTPUTS)
+        for k in range(outputs.count()):
+            output = outputs.nth(k)
+            mime = output.get_attribute("data-mime-type") or ""
+            kind = "widget" if output.locator(".jupyter-widgets").count() else mime.split("/")[-1]
+            if (mime in SHOT_MIMES or kind == "widget") and output.bounding_box():
+                shoot(notebook, output, f"cell{index:03d}-{k}-{kind}")
+
+
+def write_gallery_index():
+    """index.html of the gallery: every notebook's screenshots, in order, each named by its file."""
+    root = gallery_dir()
+    parts = ["<!doctype html><meta charset='utf-8'><title>qwenvl-lab: every figure and widget</title>",
+             "<style>body{font-family:sans-serif;margin:2em}figure{margin:1em 0;border-top:1px solid #ccc}"
+             "img{max-width:100%;border:1px solid #eee}</style><h1>Every figure and widget of the course</h1>"]  # fmt: skip
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        parts.append(f"<h2 id='{folder.name}'>{folder.name}</h2>")
+        for shot in sorted(folder.glob("*.png")):
+            parts.append(f"<figure><figcaption>{shot.stem}</figcaption><img src='{folder.name}/{shot.name}'></figure>")
+    (root / "index.html").write_text("\n".join(parts), encoding="utf-8")
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.relative_to(REPO / "notebooks").as_posix())
 def test_notebook_runs_in_the_browser_and_its_widgets_respond(notebook, lab, browser, screenshots):
-    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import Error as PlaywrightError  # noqa: PLC0415 — playwright: the browser test's extra
 
     path = notebook.relative_to(REPO).as_posix()
     page = browser.new_page()
@@ -548,7 +631,9 @@ def test_notebook_runs_in_the_browser_and_its_widgets_respond(notebook, lab, bro
         opened = open_notebook(page, lab, path)
         run_all_cells(opened)
         check_outputs(opened)
+        shoot_every_output(opened)
         DRIVEN[notebook.name] = drive_widgets(opened)
+        write_gallery_index()
         print(f"{path}: ran every cell; drove {', '.join(sorted(DRIVEN[notebook.name])) or 'no widget'}")
     except (AssertionError, PlaywrightError) as err:
         if getattr(err, "where", None) is not None:

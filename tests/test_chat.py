@@ -10,10 +10,11 @@ import torch
 
 from qwenvl_lab import chat
 from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, TextStream
+from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.files import CheckpointError
-from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID
-from qwenvl_lab.toy import TOY_DIR
-from qwenvl_lab.vision import load_image
+from qwenvl_lab.pictures import load_image
+from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID, load_tokenizer
+from qwenvl_lab.toy import TOY_DIR, load_course_model
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
@@ -95,10 +96,11 @@ def test_a_stream_closed_early_frees_the_engine_and_keeps_what_was_shown(toy):
     assert talk.ask("How many shapes are there?") == "One."
 
 
-def test_im_start_and_im_end_are_stop_words(tokenizer):
-    assert chat.STOP_IDS == (IM_END_ID, IM_START_ID)
-    ids = tokenizer.encode("Blue.") + [IM_START_ID] + tokenizer.encode("user")
-    assert chat.answer_text(tokenizer, ids) == "Blue."
+def test_im_start_and_im_end_end_an_answer(tokenizer):
+    for stop in (IM_END_ID, IM_START_ID):  # the end of the model's turn, or the start of another
+        ids = tokenizer.encode("Blue.") + [stop] + tokenizer.encode("user")
+        assert chat.answer_text(tokenizer, ids) == "Blue."
+    assert chat.answer_text(tokenizer, tokenizer.encode("Blue.") + [151643]) == "Blue.<|endoftext|>"  # not a stop
 
 
 def test_generation_settings_come_from_generation_config(tmp_path):
@@ -112,7 +114,7 @@ def test_generation_settings_come_from_generation_config(tmp_path):
         GenerationSettings.from_dir(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.1, "do_sample": False}))
     assert GenerationSettings.from_dir(tmp_path).sampling() == dict(top_k=1, repetition_penalty=1.1)
-    with pytest.raises(ValueError, match="top_p must be a number in"):
+    with pytest.raises(ValueError, match="top_p must be a finite number >= 0 and <= 1"):
         GenerationSettings(top_p=2.0)
 
 
@@ -141,7 +143,6 @@ def test_sampled_answers_follow_the_seed_and_can_differ(toy):
 
 
 def test_model_as_runner_answers_like_the_engine(toy, tokenizer):
-    from qwenvl_lab.toy import load_course_model
 
     runner, tower, _ = toy
     model = load_course_model()
@@ -155,8 +156,6 @@ def test_model_as_runner_answers_like_the_engine(toy, tokenizer):
 @pytest.fixture(scope="module")
 def batch_engine(tmp_path_factory):
     """(runner, vision tower, tokenizer) of the toy model built for batches of 3 requests of up to 3 pictures each."""
-    from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
-    from qwenvl_lab.tokenizing import load_tokenizer
 
     config = BuildConfig(max_batch_size=3, max_input_len=1400, max_seq_len=1500, max_prompt_embedding_table_size=2304)
     engine = build_engine(TOY_DIR, tmp_path_factory.mktemp("toy-batch") / "engine", config)

@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -459,10 +460,6 @@ def test_hugging_face_cache_snapshot_links_into_its_blobs(small_checkpoint, tmp_
 
 
 def test_save_checkpoint_replaces_only_a_checkpoint_in_one_step(tmp_path, tiny_checkpoint):
-    import os
-    import stat
-
-    from qwenvl_lab.checkpoint import load_checkpoint, save_checkpoint
 
     model = load_checkpoint(tiny_checkpoint)
     out = tmp_path / "out"

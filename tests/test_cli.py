@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 from conftest import refuse_writes_in
+from PIL import Image
+from safetensors import SafetensorError
 
-from qwenvl_lab import cli
+from qwenvl_lab import bench, cli, widgets
+from qwenvl_lab.engine import build
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 
@@ -28,6 +31,20 @@ def test_each_subcommand_has_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main([name, "--help"])
     assert exit_info.value.code == 0 and f"{name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(cli.SUBCOMMANDS))
+def test_each_subcommand_names_itself_in_its_usage(name, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: qwenvl-lab {name} ")
+
+
+def test_ask_shows_every_default_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["ask", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 图片里是什么？)" in out and "(default: cpu)" in out and "(default: 64)" in out
 
 
 def test_ask_answers_about_a_picture(capsys):
@@ -82,9 +99,6 @@ def test_chat_streams_answers_and_keeps_the_conversation(toy_chat, tmp_path):
 
 
 def _full_disk(monkeypatch, tmp_path):
-    from safetensors import SafetensorError
-
-    from qwenvl_lab.engine import build
 
     def full(*args, **kwargs):
         raise SafetensorError(
@@ -112,7 +126,6 @@ def _dangling(monkeypatch, tmp_path):
 
 
 def _busy(monkeypatch, tmp_path):
-    from qwenvl_lab import bench
 
     def busy(*args):
         raise RuntimeError("the machine is too busy to measure; rerun with more --repeats")
@@ -183,9 +196,6 @@ def chat_session(engine_dir, lines, *extra):
 
 
 def test_chat_never_overwrites_earlier_pictures_with_boxes(toy_chat, tmp_path, monkeypatch):
-    from PIL import Image
-
-    from qwenvl_lab import widgets
 
     (tmp_path / "turn-1.png").write_bytes(b"from an earlier session")
     monkeypatch.setattr(widgets, "boxes_picture", lambda talk, answer: Image.new("RGB", (8, 8), (200, 0, 0)))

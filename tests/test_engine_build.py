@@ -22,20 +22,24 @@ from qwenvl_lab.layout import to_trtllm_names
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"max_batch_size": 0}, "max_batch_size must be a positive int"),
-        ({"max_input_len": True}, "max_input_len must be a positive int"),
-        ({"max_beam_width": 1.5}, "max_beam_width must be a positive int"),
-        ({"max_prompt_embedding_table_size": -256}, "max_prompt_embedding_table_size must be an int >= 0"),
-        ({"max_input_len": 600, "max_seq_len": 500}, "max_input_len 600 exceeds max_seq_len 500"),
-        ({"max_prompt_embedding_table_size": 100}, "100 rows cannot hold one image \\(256 rows\\)"),
-        ({"max_input_len": 200, "max_prompt_embedding_table_size": 256}, "cannot hold one image span \\(258 ids"),
-        ({"dtype": "float64"}, "dtype must be one of"),
+        ({"max_batch_size": 0}, ValueError, "max_batch_size must be an int >= 1, got 0"),
+        ({"max_input_len": True}, TypeError, "max_input_len must be an int, got bool"),
+        ({"max_beam_width": 1.5}, TypeError, "max_beam_width must be an int, got float"),
+        ({"max_prompt_embedding_table_size": -256}, ValueError, "max_prompt_embedding_table_size must be an int >= 0"),
+        ({"max_input_len": 600, "max_seq_len": 500}, ValueError, "max_input_len 600 exceeds max_seq_len 500"),
+        ({"max_prompt_embedding_table_size": 100}, ValueError, "100 rows cannot hold one image \\(256 rows\\)"),
+        (
+            {"max_input_len": 200, "max_prompt_embedding_table_size": 256},
+            ValueError,
+            "cannot hold one image span \\(258 ids",
+        ),
+        ({"dtype": "float64"}, ValueError, "dtype must be one of"),
     ],
 )
-def test_build_config_rejects_impossible_limits(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_build_config_rejects_impossible_limits(kwargs, error, match):
+    with pytest.raises(error, match=match):
         BuildConfig(**kwargs)
 
 

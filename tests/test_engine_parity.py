@@ -7,7 +7,7 @@ import torch
 
 from qwenvl_lab.checkpoint import TINY_CONFIG, load_checkpoint
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
-from qwenvl_lab.engine.decode import BACKENDS, decode_backend
+from qwenvl_lab.engine.decode import BACKENDS, backend_class
 from qwenvl_lab.engine.forward import LanguageModelEngine
 from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
@@ -60,7 +60,7 @@ def runnable_here() -> list[str]:
     here = []
     for name in BACKENDS:
         try:
-            decode_backend(name, "cpu", torch.float32)
+            backend_class(name, "cpu", torch.float32)
             here.append(name)
         except ValueError:
             pass
@@ -238,7 +238,7 @@ def test_no_back_end_rewrites_the_engines_tensors(backend):
     torch.manual_seed(0)
     model = QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})).eval()  # small for the interpreter
     config = BuildConfig(max_batch_size=2, max_input_len=32, max_seq_len=64)
-    step_class = decode_backend(backend, "cpu", torch.float32)
+    step_class = backend_class(backend, "cpu", torch.float32)
     engine = LanguageModelEngine(
         config, trtllm_config(model.config, "float32"), to_trtllm_names(model.state_dict()), "cpu", step_class.layout
     )
@@ -265,7 +265,8 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 @pytest.mark.parametrize(
     "name, device, dtype, cuda_graphs, setup, message",
     [
-        ("fast", "cpu", torch.float32, False, None, r"backend must be one of \('torch', 'numba', 'triton'\), got 'fast'"),
+        ("fast", "cpu", torch.float32, False, None, r"backend must be one of 'torch', 'numba', 'triton', got 'fast'$"),
+        ("torch", "cuda", torch.float32, 1, None, r"cuda_graphs must be one of False, True, got 1$"),
         ("torch", "cpu", torch.float32, True, None, r"CUDA graphs need device='cuda', not 'cpu': leave cuda_graphs=False"),
         ("numba", "cpu", torch.bfloat16, False, None, r'float32 engines on a CPU, not torch.bfloat16 on cpu.*backend="torch"$'),
         ("numba", "cuda", torch.float16, True, None, r'not torch.float16 on cuda.*on an NVIDIA GPU, backend="triton"'),
@@ -286,7 +287,7 @@ def test_a_back_end_that_cannot_run_here_is_refused_with_what_to_choose(
     elif setup is not None:
         monkeypatch.setattr(importlib.util, "find_spec", _without(setup))
     with pytest.raises(ValueError, match=message):
-        decode_backend(name, device, dtype, cuda_graphs)
+        backend_class(name, device, dtype, cuda_graphs)
 
 
 def test_the_runner_refuses_before_it_builds_the_engine(tiny_engine, monkeypatch):

@@ -4,11 +4,16 @@ import gc
 
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from qwenvl_lab.engine import ModelRunner
-from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, sample_tokens
-from qwenvl_lab.requests import check_sampling
+from qwenvl_lab.engine.sampling import ARGMAX_BLOCK, filter_logits, greedy_tokens, penalize_repetition, sample_tokens
+from qwenvl_lab.requests import SamplingConfig
 
 PROMPTS = [torch.tensor([151644, 8948, 198, 2610, 525]), torch.tensor([872, 198, 3838, 374, 304, 279, 6802, 30])]
 
@@ -31,9 +36,18 @@ def test_filter_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p):
     assert torch.allclose(ours[~torch.isinf(ours)], expected[~torch.isinf(expected)])
 
 
+@pytest.mark.parametrize("top_p", [0.25, 0.5, 0.75])
+def test_top_p_keeps_the_token_that_reaches_it_and_no_more(top_p):
+    logits = torch.zeros(1, 4)  # four tokens of probability 1/4 each, exactly: the mass reaches top_p on a token
+    expected = TopPLogitsWarper(top_p)(None, logits.clone())
+    ours = filter_logits(logits, 1.0, 0, top_p)
+    assert int(torch.isfinite(ours).sum()) == int(torch.isfinite(expected).sum()) == round(top_p * 4)
+
+
 def test_greedy_knobs():
-    assert check_sampling(1.0, 1, 0.0) and check_sampling(0.5, 0, 0.0)  # TensorRT-LLM: top_k 1, or top_k 0, top_p 0
-    assert not check_sampling(1.0, 0, 0.3) and not check_sampling(1.0, 2, 0.0)
+    greedy = [SamplingConfig(top_k=1).greedy, SamplingConfig(temperature=0.5, top_k=0, top_p=0.0).greedy]
+    assert greedy == [True, True]  # TensorRT-LLM: top_k 1, or top_k 0 with top_p 0
+    assert not SamplingConfig(top_k=0, top_p=0.3).greedy and not SamplingConfig(top_k=2).greedy
     logits = torch.randn(3, 50)
     assert torch.equal(sample_tokens(logits, 1.0, 1, 0.0), logits.argmax(-1))
 
@@ -138,9 +152,6 @@ def test_a_stream_abandoned_inside_a_function_frees_the_runner(runner):
 
 
 def test_repetition_penalty_is_transformers_rule():
-    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
-
-    from qwenvl_lab.engine.sampling import penalize_repetition
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 4
     history = torch.tensor([[1, 2, 2, 49], [7, 0, 3, 3], [10, 11, 12, 13]])

@@ -14,6 +14,7 @@ pytest.importorskip(
     "only: pip install triton there",
 )
 
+from qwenvl_lab import bench
 from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
 from qwenvl_lab.engine.decode import triton_linear  # noqa: E402
@@ -167,7 +168,6 @@ def test_fused_decode_gives_the_plain_engines_tokens():
 
 def test_bench_times_the_fused_products_alone(monkeypatch):
     """The benchmark's design ceiling runs the engine's own kernels when they are on (on a GPU in one CUDA graph)."""
-    from qwenvl_lab import bench
 
     config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
     fused = ModelRunner.from_model(small_model(), config, DEVICE, backend="triton")

@@ -69,7 +69,7 @@ def dropped_tag(input_ids, img_pos, fake_prompt_id):
     return replace_image_spans(input_ids, img_pos, fake_prompt_id)[:, keep]
 
 
-def write_span(out, fake, k, i, a, b, row=None, start=1, stop=0, picture=None):
+def write_span(out, fake, k, i, a, b, row=None, start=1, stop=0, picture=None):  # noqa: PLR0913 — the signature of what it stands in for
     out[i if row is None else row, a + start : b + stop] = fake[k if picture is None else picture]
 
 

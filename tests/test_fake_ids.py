@@ -1,6 +1,5 @@
 """Tests for step 3: fake prompt ids and replacing each image span by them."""
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,12 +24,6 @@ def test_fake_ids_start_at_the_model_vocab_size():
 def test_fake_ids_other_sizes():
     assert make_fake_prompt_ids(10, 2, tokens_per_image=3).tolist() == [[10, 11, 12], [13, 14, 15]]
     assert make_fake_prompt_ids(10, 0).shape == (0, 256)
-
-
-@pytest.mark.parametrize("args", [(0, 1), (-5, 1), (10, -1), (10, 1, 0)])
-def test_fake_ids_bad_arguments(args):
-    with pytest.raises(ValueError, match="need vocab_size > 0"):
-        make_fake_prompt_ids(*args)
 
 
 def test_replace_keeps_tags_and_replaces_exactly_the_256_span_positions():
@@ -64,18 +57,6 @@ def test_replace_accepts_one_sequence():
     assert out.shape == (1, 259) and out[0, 2] == MODEL_VOCAB_SIZE and out[0, 257] == MODEL_VOCAB_SIZE + 255
 
 
-def test_replace_count_mismatch():
-    ids = torch.tensor([span()])
-    with pytest.raises(ValueError, match="1 image spans in img_pos but 2 rows"):
-        replace_image_spans(ids, locate_img_pos(ids), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 2))
-
-
-def test_replace_span_length_mismatch():
-    ids = torch.tensor([span()])
-    with pytest.raises(ValueError, match="holds 256 ids but fake_prompt_id rows hold 128"):
-        replace_image_spans(ids, locate_img_pos(ids), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1, 128))
-
-
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=3), st.integers(1, 200_000))
 def test_replace_changes_only_span_interiors(layout, vocab_size):
@@ -97,33 +78,3 @@ def test_replace_changes_only_span_interiors(layout, vocab_size):
     assert torch.equal(out[~interior], ids[~interior])
     assert out[interior].tolist() == fake_prompt_id.flatten().tolist()
     assert int(interior.sum()) == 256 * len(img_pos)
-
-
-@pytest.mark.parametrize(
-    "img_pos, match",
-    [
-        ([[1, 0, 257]], r"img_pos \(1, 0, 257\) lies outside input_ids of shape \(1, 260\)"),  # no row 1
-        ([[0, -2, 255]], r"img_pos \(0, -2, 255\) lies outside"),  # would write at the end of the row
-        ([[0, 3, 260]], r"img_pos \(0, 3, 260\) lies outside"),  # </img> past the row
-        ([[0, 0, 257], [0, 2, 259]], r"image 1: span 2…259 in row 0 overlaps the span before it"),
-        ([[0, 0, 257, 1]], r"img_pos must be \[N, 3\]"),
-    ],
-)
-def test_replace_refuses_positions_outside_or_overlapping(img_pos, match):
-    ids = torch.tensor([[*span(), 1, 2]])
-    with pytest.raises(ValueError, match=match):
-        replace_image_spans(ids, img_pos, make_fake_prompt_ids(MODEL_VOCAB_SIZE, len(img_pos)))
-
-
-def test_replace_argument_types():
-    ids = torch.tensor([span()])
-    with pytest.raises(TypeError, match="fake_prompt_id must hold integers, got dtype torch.float32"):
-        replace_image_spans(ids, locate_img_pos(ids), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1).float())
-    with pytest.raises(TypeError, match="img_pos must be a torch tensor, a numpy array or a \\(nested\\) list of ints"):
-        replace_image_spans(ids, "0,0,257", make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1))
-    with pytest.raises(ValueError, match=r"fake_prompt_id must be \[N, 256\]"):
-        replace_image_spans(ids, locate_img_pos(ids), make_fake_prompt_ids(MODEL_VOCAB_SIZE, 1)[0])
-    with pytest.raises(TypeError, match="vocab_size must be an int, got str '10'"):
-        make_fake_prompt_ids("10", 1)
-    with pytest.raises(ValueError, match="pass the largest int64 id"):
-        make_fake_prompt_ids(2**63 - 10, 1)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFont
 
-from qwenvl_lab import grounding
+from qwenvl_lab import fonts as qwenvl_fonts
 from qwenvl_lab.grounding import (
     PALETTE,
     Box,
@@ -428,9 +428,9 @@ def font_folders(tmp_path, monkeypatch):
     fonts.mkdir(parents=True)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "share"))
     monkeypatch.setenv("XDG_DATA_DIRS", str(tmp_path / "none"))
-    grounding.cjk_font_path.cache_clear()
+    qwenvl_fonts.system_cjk_font.cache_clear()
     yield fonts
-    grounding.cjk_font_path.cache_clear()
+    qwenvl_fonts.system_cjk_font.cache_clear()
 
 
 def _bundled_font_bytes() -> bytes:
@@ -438,19 +438,21 @@ def _bundled_font_bytes() -> bytes:
     return ImageFont.load_default(12).path.getvalue()
 
 
-def test_without_a_cjk_font_wide_characters_are_drawn_as_question_marks(font_folders):
+def test_without_a_cjk_font_the_courses_own_draws_common_characters_and_rare_ones_are_question_marks(font_folders):
     picture = _picture()
-    with pytest.warns(UserWarning, match="no CJK font found.*fonts-noto-cjk"):
-        chinese = draw_boxes(picture, "<ref>红色的圆形</ref><box>(100,200),(600,900)</box>")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        chinese = draw_boxes(picture, "<ref>红色的圆形</ref><box>(100,200),(600,900)</box>")
         marks = draw_boxes(picture, "<ref>?????</ref><box>(100,200),(600,900)</box>")
-    assert chinese.tobytes() == marks.tobytes()
+    assert chinese.tobytes() != marks.tobytes()  # the shipped subset font has these five
+    with pytest.warns(UserWarning, match="no font for the wide characters.*fonts-noto-cjk"):
+        rare = draw_boxes(picture, "<ref>龘龖</ref><box>(100,200),(600,900)</box>")  # not in the subset
+    assert rare.tobytes() == draw_boxes(picture, "<ref>??</ref><box>(100,200),(600,900)</box>").tobytes()
 
 
 def test_a_cjk_font_in_the_font_folders_or_named_draws_the_label(font_folders, tmp_path):
     (font_folders / "wqy-microhei.ttc").write_bytes(_bundled_font_bytes())  # stands in for a CJK font
-    assert grounding.cjk_font_path() == str(font_folders / "wqy-microhei.ttc")
+    assert qwenvl_fonts.system_cjk_font() == ("WenQuanYi Micro Hei", str(font_folders / "wqy-microhei.ttc"))
     picture = _picture()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -4,10 +4,12 @@ non-editable wheel that loads the toy model and answers from a fresh virtual env
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -15,13 +17,10 @@ from pathlib import Path
 import platformdirs
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
-from qwenvl_lab import resources
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from qwenvl_lab import doctor, resources
+from qwenvl_lab.doctor import PYTHON_RANGE
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
@@ -72,7 +71,14 @@ def test_wheel_lists_every_subpackage():
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "qwenvl_lab").rglob("__init__.py")}
     listed = set(SETUPTOOLS["packages"])
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
-    assert listed - found == {"qwenvl_lab.data", "qwenvl_lab.data.images", "qwenvl_lab.data.benchmarks"}
+    data = {
+        "qwenvl_lab.data",
+        "qwenvl_lab.data.images",
+        "qwenvl_lab.data.benchmarks",
+        "qwenvl_lab.data.benchmarks.jupyterhub",
+        "qwenvl_lab.data.fonts",
+    }
+    assert listed - found == data
 
 
 def test_package_data_globs_cover_every_data_file():
@@ -260,3 +266,39 @@ def test_installed_wheel_loads_the_toy_model_and_answers(wheel, tmp_path):
     if sys.platform.startswith("linux"):
         assert Path(found["output"]) == cache / "qwenvl-lab" / "course-output"
     assert list(run_dir.iterdir()) == []  # nothing written into the working directory
+
+
+# one Python range and one torch everywhere a learner reads or runs it
+
+MAKEFILE = (REPO / "Makefile").read_text(encoding="utf-8")
+
+
+def make_variable(name: str) -> str:
+    """The value of `NAME := …` or `NAME ?= …` in the Makefile."""
+    (value,) = re.findall(rf"^{name} [:?]= (.*)$", MAKEFILE, re.MULTILINE)
+    return value
+
+
+def test_one_python_range_everywhere():
+
+    (low, high) = PYTHON_RANGE
+    ok = make_variable("PYTHON_OK")
+    assert f"not ({low[0]}, {low[1]}) <= sys.version_info[:2] <= ({high[0]}, {high[1]})" in ok
+    candidates = make_variable("PYTHON_CANDIDATES").split()
+    assert [c for c in candidates if re.fullmatch(r"python3\.\d+", c)] == [
+        f"python3.{m}" for m in range(high[1], low[1] - 1, -1)
+    ]
+    assert SpecifierSet(PYPROJECT["project"]["requires-python"]) == SpecifierSet(f">={low[0]}.{low[1]}")
+    conda_python = re.search(r"- python=(3\.\d+)", (REPO / "environment.yml").read_text()).group(1)
+    assert low <= tuple(map(int, conda_python.split("."))) <= high
+    supported, stale = f"{low[0]}.{low[1]}–{high[0]}.{high[1]}", f"3.{low[1] - 1}–"
+    for doc in ("README.md", "docs/install.md"):
+        text = (REPO / doc).read_text(encoding="utf-8")
+        assert supported in text and stale not in text, doc
+
+
+def test_the_doctor_checks_what_the_makefile_installs():
+
+    assert make_variable("TORCH_VERSION") == doctor.TORCH_VERSION
+    assert make_variable("TORCH_INDEX") == doctor.TORCH_CPU_INDEX
+    assert "--before-install" in make_variable("PREFLIGHT")

@@ -138,3 +138,63 @@ def test_command_line_reset(monkeypatch, course, capsys):
 
 def test_course_root_is_this_clone():
     assert lab.course_root() == REPO
+
+
+def test_a_learners_folder_links_to_the_course_and_keeps_its_own_entries(course, tmp_path):
+    (course / "data").mkdir()
+    mine = tmp_path / "learner"
+    (mine / "notebooks").mkdir(parents=True)  # the learner's own folder of that name stays
+    made = lab.prepare_workdir(course, mine)
+    assert [p.name for p in made] == ["data", "qwenvl_lab"]
+    assert (mine / "data").resolve() == (course / "data").resolve() and not (mine / "notebooks").is_symlink()
+    assert lab.prepare_workdir(course, mine) == [] and lab.prepare_workdir(course, course) == []
+
+
+def test_workdir_takes_the_copies_and_outputs_of_a_shared_install(monkeypatch, course, tmp_path, capsys):
+    monkeypatch.setattr(lab, "course_root", lambda: course)
+    mine = tmp_path / "home" / "qwenvl-lab"
+    assert lab.main(["--workdir", str(mine), "--print-command"]) == 0
+    assert sorted(p.name for p in (mine / "my-notebooks").iterdir()) == [
+        "00_welcome.ipynb",
+        "01_tokenizing.ipynb",
+        "02_locating_img_pos.ipynb",
+        "solutions",
+    ]
+    assert not (course / "my-notebooks").exists()
+    assert f"--ServerApp.root_dir={mine}" in capsys.readouterr().out
+    env = lab.lab_environment(course, {}, workdir=mine)
+    assert env["QWENVL_LAB_OUTPUT"] == str(mine / "course-output")
+    (mine / "my-notebooks" / "00_welcome.ipynb").write_text("mine")
+    monkeypatch.setenv(lab.WORKDIR_ENV, str(mine))
+    assert lab.main(["--reset", "00"]) == 0
+    assert (mine / "my-notebooks" / "00_welcome.ipynb").read_bytes() == (
+        course / "notebooks" / "00_welcome.ipynb"
+    ).read_bytes()
+
+
+PROBE_SERVER = "import json, os; print(json.dumps([os.getcwd(), os.environ['QWENVL_LAB_OUTPUT'], os.environ['JUPYTER_CONFIG_PATH']]))"
+
+
+def test_run_starts_another_server_command_in_the_learners_folder(tmp_path):
+    mine = tmp_path / "learner"
+    env = {k: v for k, v in os.environ.items() if k not in ("QWENVL_LAB_OUTPUT", lab.WORKDIR_ENV)}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "qwenvl_lab.lab", "--workdir", str(mine), "--run", sys.executable, "-c", PROBE_SERVER],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    cwd, output, config = json.loads(done.stdout.splitlines()[-1])
+    assert Path(cwd) == mine and Path(output) == mine / "course-output"
+    assert config.split(os.pathsep)[0] == str(REPO / ".jupyter")
+    assert (mine / "my-notebooks" / "00_welcome.ipynb").is_file() and (mine / "data" / "images").is_dir()
+    missing = subprocess.run(
+        [sys.executable, "-m", "qwenvl_lab.lab", "--workdir", str(mine), "--run", "no-such-server"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "cannot run 'no-such-server'" in missing.stderr

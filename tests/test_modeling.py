@@ -436,7 +436,7 @@ def test_fake_ids_without_a_table_are_an_error(tiny_model):
 
 def test_fake_id_past_the_table_is_an_error(tiny_model):
     table, tasks, task_vocab_size = ptuning_setup(torch.zeros(1, 256, 128), "float32", 128, input_ids=[[1]])
-    with pytest.raises(ValueError, match="reads row 256 of a prompt table with 256 rows"):
+    with pytest.raises(ValueError, match="reads prompt-table row 256, but the table has 256 rows"):
         tiny_model(
             torch.tensor([[1, MODEL_VOCAB_SIZE + 256]]),
             prompt_table=table,

@@ -8,13 +8,11 @@ from hypothesis import strategies as st
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.injection import overwrite_image_spans
 from qwenvl_lab.prompt_table import (
-    check_image_count,
     images_per_row,
     per_request_tables,
     prompt_tuning_embedding,
     ptuning_setup,
     single_table_batch,
-    to_torch_dtype,
 )
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 
@@ -48,16 +46,7 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# to_torch_dtype and ptuning_setup (examples/qwenvl/run.py)
-
-
-def test_to_torch_dtype():
-    assert to_torch_dtype("float16") is torch.float16
-    assert to_torch_dtype("bfloat16") is torch.bfloat16
-    assert to_torch_dtype("float32") is torch.float32
-    assert to_torch_dtype(torch.float16) is torch.float16
-    with pytest.raises(ValueError, match="unknown dtype 'fp16'"):
-        to_torch_dtype("fp16")
+# ptuning_setup (examples/qwenvl/run.py)
 
 
 def test_ptuning_setup_flattens_and_casts_the_table():
@@ -94,77 +83,6 @@ def test_ptuning_setup_without_a_table():
     assert torch.equal(prompt_tuning_embedding(text, vocab, prompt_table, tasks, task_vocab_size, 10), vocab[text])
 
 
-def test_ptuning_setup_hidden_size_mismatch():
-    with pytest.raises(ValueError, match="hidden size 8 != model hidden_size 16"):
-        ptuning_setup(torch.zeros(1, 256, 8), "float16", 16)
-
-
-def test_ptuning_setup_needs_input_vit_shape():
-    with pytest.raises(ValueError, match=r"input_vit \[N, 256, H\]"):
-        ptuning_setup(torch.zeros(256, 8), "float16", 8)
-
-
-def test_ptuning_setup_tasks_count_must_match_batch():
-    with pytest.raises(ValueError, match="1 tasks given for a batch of 2"):
-        ptuning_setup(torch.zeros(2, 256, 4), "float32", 4, tasks="0", input_ids=torch.zeros(2, 3).long())
-    with pytest.raises(ValueError, match="3 tasks given for a batch of 2"):
-        ptuning_setup(None, "float32", 4, tasks="0,1,2", input_ids=torch.zeros(2, 3).long())
-
-
-@pytest.mark.parametrize("tasks", ["", "a", "0;1", "0,,1", "0,1.5", "zero", [0, 1]])
-def test_ptuning_setup_bad_tasks_strings(tasks):
-    with pytest.raises(ValueError, match="comma-separated list of integers"):
-        ptuning_setup(None, "float32", 4, tasks=tasks, input_ids=torch.zeros(2, 3).long())
-
-
-def test_ptuning_setup_negative_task():
-    with pytest.raises(ValueError, match="non-negative"):
-        ptuning_setup(None, "float32", 4, tasks="0,-1", input_ids=torch.zeros(2, 3).long())
-
-
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
-def test_ptuning_setup_refuses_non_finite_features_naming_the_image(value):
-    input_vit = torch.randn(3, 8, 4, generator=generator(11))
-    input_vit[1, 5, 2] = value
-    with pytest.raises(
-        ValueError,
-        match=r"input_vit image 1 \(row 1 of input_vit\) holds NaN or infinite .*query 5, "
-        r"feature 2",
-    ):
-        ptuning_setup(input_vit, "float32", 4)
-
-
-def test_ptuning_setup_refuses_features_the_dtype_cannot_hold():
-    input_vit = torch.zeros(2, 8, 4)
-    input_vit[1, 3, 0] = 1e5  # float16 tops out at 65504
-    with pytest.raises(
-        ValueError,
-        match=r"input_vit image 1 .* holds 100000 at query 3, feature 0, which torch.float16 "
-        r"cannot hold",
-    ):
-        ptuning_setup(input_vit, "float16", 4)
-    assert ptuning_setup(input_vit, "bfloat16", 4)[0].shape == (16, 4)
-
-
-@pytest.mark.parametrize("hidden_size", ["128", 128.0, None, True])
-def test_ptuning_setup_hidden_size_must_be_an_int(hidden_size):
-    with pytest.raises(TypeError, match=r"hidden_size must be an int, got"):
-        ptuning_setup(torch.zeros(1, 256, 128), "float16", hidden_size)
-
-
-def test_ptuning_setup_argument_types():
-    with pytest.raises(
-        TypeError, match=r"prompt_table must be input_vit, a torch.Tensor \[N, 256, H\], or None; got list"
-    ):
-        ptuning_setup([[[0.0] * 4] * 256], "float32", 4)
-    with pytest.raises(TypeError, match="input_vit must hold floating-point features"):
-        ptuning_setup(torch.zeros(1, 256, 4, dtype=torch.long), "float32", 4)
-    with pytest.raises(TypeError, match=r"dtype must be one of .* got list"):
-        ptuning_setup(torch.zeros(1, 256, 4), ["float32"], 4)
-    with pytest.raises(ValueError, match=r"tasks must be at most 2147483647"):
-        ptuning_setup(None, "float32", 4, tasks="99999999999")
-
-
 # prompt_tuning_embedding: TensorRT-LLM's PromptTuningEmbedding
 
 
@@ -191,45 +109,6 @@ def test_vocab_size_smaller_than_the_embedding_rows():
     assert torch.equal(out[0], torch.stack([vocab[5], table[0], table[1]]))
 
 
-def test_id_past_the_table():
-    vocab, table = torch.zeros(10, 4), torch.zeros(512, 4)
-    with pytest.raises(ValueError, match="reads row 512 of a prompt table with 512 rows"):
-        prompt_tuning_embedding([[1, 10 + 256]], vocab, table, [1], 256, 10)
-    with pytest.raises(ValueError, match="reads row 600 of a prompt table with 512 rows"):
-        prompt_tuning_embedding([[10 + 600]], vocab, table, [0], 256, 10)
-
-
-def test_lookup_dtype_mismatch():
-    with pytest.raises(TypeError, match=r"dtype torch.float32 != model dtype torch.float16.*ptuning_setup"):
-        prompt_tuning_embedding([[1]], torch.zeros(10, 4, dtype=torch.float16), torch.zeros(256, 4), [0], 256, 10)
-
-
-def test_lookup_hidden_size_mismatch():
-    with pytest.raises(ValueError, match=r"prompt_table must be \[rows, 4\].*got \(256, 8\)"):
-        prompt_tuning_embedding([[1]], torch.zeros(10, 4), torch.zeros(256, 8), [0], 256, 10)
-    with pytest.raises(ValueError, match=r"prompt_table must be \[rows, 4\]"):
-        prompt_tuning_embedding([[1]], torch.zeros(10, 4), torch.zeros(1, 256, 4), [0], 256, 10)
-
-
-def test_lookup_tasks_must_match_batch():
-    with pytest.raises(ValueError, match="1 tasks for a batch of 2"):
-        prompt_tuning_embedding([[1], [2]], torch.zeros(10, 4), torch.zeros(256, 4), [0], 256, 10)
-    with pytest.raises(ValueError, match="3 tasks for a batch of 2"):
-        prompt_tuning_embedding([[1], [2]], torch.zeros(10, 4), torch.zeros(256, 4), [0, 0, 0], 256, 10)
-
-
-def test_lookup_rejects_negative_ids_and_tasks():
-    with pytest.raises(ValueError, match="non-negative token ids"):
-        prompt_tuning_embedding([[1, -1]], torch.zeros(10, 4), torch.zeros(256, 4), [0], 256, 10)
-    with pytest.raises(ValueError, match="tasks must be non-negative"):
-        prompt_tuning_embedding([[11]], torch.zeros(10, 4), torch.zeros(512, 4), [-1], 256, 10)
-
-
-def test_lookup_vocab_size_past_the_embedding():
-    with pytest.raises(ValueError, match="vocab_size 20 exceeds the 10 rows"):
-        prompt_tuning_embedding([[15]], torch.zeros(10, 4), torch.zeros(256, 4), [0], 256, 20)
-
-
 def test_lookup_with_an_empty_table_and_no_fake_ids():
     vocab = torch.randn(6, 2, generator=generator(6))
     out = prompt_tuning_embedding([[1, 5]], vocab, torch.zeros(0, 2), [0], 256, 6)
@@ -241,64 +120,8 @@ def test_lookup_refuses_a_non_finite_row_it_reads():
     table[4, 1] = float("nan")
     out = prompt_tuning_embedding([[1, 10, 13]], vocab, table, [0], 6, 10)  # rows 0 and 3: finite
     assert torch.equal(out[0], torch.stack([vocab[1], table[0], table[3]]))
-    with pytest.raises(
-        ValueError, match=r"prompt_table row 4 \(read by fake prompt id 14 at row 0, position 2\) holds NaN"
-    ):
+    with pytest.raises(ValueError, match="prompt-table row 4 .* holds NaN"):
         prompt_tuning_embedding([[1, 10, 14]], vocab, table, [0], 6, 10)
-    table[4, 1] = float("-inf")
-    with pytest.raises(ValueError, match=r"prompt_table row 4 \(read by fake prompt id 11 at row 1, position 0\)"):
-        prompt_tuning_embedding([[1, 1], [11, 1]], vocab, table, [0, 1], 3, 10)  # task 1: rows 3…5
-
-
-@pytest.mark.parametrize("task_vocab_size", [-1, -256, torch.tensor([-3], dtype=torch.int32)])
-def test_lookup_refuses_a_negative_task_vocab_size(task_vocab_size):
-    # (id - V) + task * tvs would be negative and read rows from the end of the table
-    vocab, table = torch.zeros(10, 4), torch.arange(512 * 4, dtype=torch.float32).reshape(512, 4)
-    with pytest.raises(ValueError, match="task_vocab_size must be >= 0"):
-        prompt_tuning_embedding([[10]], vocab, table, [1], task_vocab_size, 10)
-
-
-def test_lookup_task_rows_past_int64_are_past_the_table():
-    # task × task_vocab_size = 2**64 would wrap to row 0 in int64 arithmetic
-    vocab, table = torch.zeros(10, 4), torch.ones(8, 4)
-    with pytest.raises(
-        ValueError,
-        match=r"fake prompt id 10 at row 0, position 0 \(task 4611686018427387904\) reads row "
-        r"18446744073709551616 of a prompt table with 8 rows",
-    ):
-        prompt_tuning_embedding([[10]], vocab, table, [2**62], 4, 10)
-    with pytest.raises(ValueError, match=r"reads row 9223372036854775797 of a prompt table with 8 rows"):
-        prompt_tuning_embedding([[2**63 - 1]], vocab, table, [0], 4, 10)
-
-
-@pytest.mark.parametrize(
-    "task_vocab_size, error, match",
-    [
-        (2.5, TypeError, "task_vocab_size must be an int, got float"),
-        ("4", TypeError, "task_vocab_size must be an int, got str"),
-        (torch.tensor([4.0]), TypeError, "task_vocab_size must hold integers"),
-        (torch.tensor([], dtype=torch.int32), ValueError, "task_vocab_size must be one int, got 0 values"),
-        (torch.tensor([4, 8]), ValueError, "task_vocab_size must be one int, got 2 values"),
-    ],
-)
-def test_lookup_task_vocab_size_types(task_vocab_size, error, match):
-    with pytest.raises(error, match=match):
-        prompt_tuning_embedding([[10]], torch.zeros(10, 4), torch.zeros(8, 4), [0], task_vocab_size, 10)
-
-
-def test_lookup_argument_types():
-    vocab, table = torch.zeros(10, 4), torch.zeros(8, 4)
-    with pytest.raises(TypeError, match="tasks must hold integers"):
-        prompt_tuning_embedding([[10]], vocab, table, [0.5], 4, 10)
-    with pytest.raises(TypeError, match="prompt_table must be a floating-point torch.Tensor, got list"):
-        prompt_tuning_embedding([[10]], vocab, [[0.0] * 4] * 8, [0], 4, 10)
-    with pytest.raises(TypeError, match="vocab_embedding must be a floating-point torch.Tensor, got torch.int64"):
-        prompt_tuning_embedding([[10]], torch.zeros(10, 4, dtype=torch.long), table, [0], 4, 10)
-    with pytest.raises(TypeError, match="vocab_size must be an int, got str"):
-        prompt_tuning_embedding([[10]], vocab, table, [0], 4, "10")
-    with pytest.raises(ValueError, match=r"non-negative token ids, got -3 at row 1, position 0"):
-        prompt_tuning_embedding([[1], [-3]], vocab, table, [0, 0], 4, 10)
-    assert prompt_tuning_embedding([[2, 11]], vocab, table.add(1), 0, 4, 10)[0, 1].tolist() == [1.0] * 4  # int task
 
 
 @st.composite
@@ -339,7 +162,7 @@ def test_lookup_rejects_any_id_past_the_table(case, data):
     b = data.draw(st.integers(0, len(ids) - 1))
     first_bad = vocab_size + rows - tasks[b] * task_vocab_size  # its task's row index reaches `rows`
     ids[b][data.draw(st.integers(0, len(ids[b]) - 1))] = first_bad + data.draw(st.integers(0, 5))
-    with pytest.raises(ValueError, match=f"of a prompt table with {rows} rows"):
+    with pytest.raises(ValueError, match=f"but the table has {rows} rows"):
         prompt_tuning_embedding(
             torch.tensor(ids),
             torch.zeros(vocab_size, hidden),
@@ -384,25 +207,12 @@ def test_per_request_tables_with_the_readme_build_allows_one_image_per_request()
     _, table, tasks, rows = per_request_tables(one, torch.zeros(2, 256, 4), MODEL_VOCAB_SIZE, rows_per_request)
     assert rows == 256 and table.shape == (512, 4) and tasks.tolist() == [0, 1]
     two = torch.tensor([[*span(), *span()]])
-    with pytest.raises(ValueError, match="a request has 2 images = 512 table rows.*only 256"):
-        per_request_tables(two, torch.zeros(2, 256, 4), MODEL_VOCAB_SIZE, rows_per_request)
+    assert per_request_tables(two, torch.zeros(2, 256, 4), MODEL_VOCAB_SIZE)[3] == 512  # no block: what it needs
 
 
-def test_conventions_check_the_image_count():
-    ids = torch.tensor([span()])
-    for convention in (single_table_batch, per_request_tables):
-        with pytest.raises(ValueError, match=r"1 image spans but input_vit has shape \(2, 256, 4\)"):
-            convention(ids, torch.zeros(2, 256, 4), MODEL_VOCAB_SIZE)
-        with pytest.raises(ValueError, match=r"1 image spans but input_vit has shape \(256, 4\)"):
-            convention(ids, torch.zeros(256, 4), MODEL_VOCAB_SIZE)
-
-
-def test_images_per_row_and_check_image_count():
+def test_images_per_row():
     assert images_per_row(torch.tensor([[0, 1, 258], [2, 0, 257], [2, 259, 516]]), 4) == [1, 0, 2, 0]
     assert images_per_row(torch.zeros(0, 3, dtype=torch.long), 2) == [0, 0]
-    check_image_count(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 256, 4))
-    with pytest.raises(ValueError, match="one \\[256, H\\] feature block per image"):
-        check_image_count(torch.zeros(2, 3, dtype=torch.long), torch.zeros(1, 256, 4))
 
 
 def embed_three_ways(ids, vocab, input_vit, vocab_size, image_start_id):

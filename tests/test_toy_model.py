@@ -89,10 +89,11 @@ def test_fake_ids_shifted_by_one_read_past_the_table_and_are_refused(toy_model, 
     fake_ids, table, tasks, task_vocab_size = single_table_batch(ids, input_vit, toy_model.config.vocab_size)
     fake = fake_ids >= toy_model.config.vocab_size
     shifted = torch.where(fake, fake_ids + 1, fake_ids)  # ids 1…256 of a 256-row table
-    with pytest.raises(ValueError, match="reads row 256 of a prompt table with 256 rows"):
+    with pytest.raises(ValueError, match="reads prompt-table row 256, but the table has 256 rows"):
         toy_model(shifted, prompt_table=table, tasks=tasks, task_vocab_size=task_vocab_size)
 
 
+@pytest.mark.slow
 def test_features_shifted_by_one_position_change_little(toy_model, tokenizer):
     """Each image token carries its own patch's content, so a one-position misalignment costs few answers."""
     examples = [e for e in make_dataset(11, 64) if len(e.images) == 1]
@@ -104,6 +105,7 @@ def test_features_shifted_by_one_position_change_little(toy_model, tokenizer):
     assert abs(hits(shifted) - hits(right)) <= len(examples) // 8 < hits(shifted) - hits(zeroed)
 
 
+@pytest.mark.slow
 def test_held_out_accuracy_with_and_without_the_table(toy_model, tokenizer):
     real = evaluate(toy_model, tokenizer, seed=21, n=48)
     zero = evaluate(toy_model, tokenizer, seed=21, n=48, zero_table=True)
@@ -111,12 +113,14 @@ def test_held_out_accuracy_with_and_without_the_table(toy_model, tokenizer):
     assert real["overall"] >= 0.95 and zero["overall"] <= 0.45 and real["overall"] - zero["overall"] >= 0.5
 
 
+@pytest.mark.slow
 def test_single_picture_questions_about_fresh_pictures_are_right(toy_model, tokenizer):
     """Descriptions, colours and counts (docs/toy-model.md: 0.96–1.000 in both languages over 500 held-out questions)."""
     examples = make_dataset(22, 72, kinds=("what", "color", "count"))
     assert evaluate(toy_model, tokenizer, examples=examples)["overall"] >= 0.97
 
 
+@pytest.mark.slow
 def test_two_picture_question_about_fresh_pictures_is_right(toy_model, tokenizer):
     """The two-picture question (docs/toy-model.md: 1.000 in both languages over 500 held-out questions).
 
@@ -127,6 +131,7 @@ def test_two_picture_question_about_fresh_pictures_is_right(toy_model, tokenizer
     assert evaluate(toy_model, tokenizer, examples=examples, zero_table=True)["overall"] <= 0.7
 
 
+@pytest.mark.slow
 def test_where_questions_are_answered_with_a_box_on_the_shape(toy_model, tokenizer):
     """ "Where is the red circle?" / 框出图中红色的圆形 about fresh pictures: the shape named, its box overlapping the
     true one (IoU >= 0.5) in at least 90 % of each language (docs/toy-model.md: 1.000 over 500 held-out questions);

@@ -100,6 +100,7 @@ def test_dataset_is_deterministic_down_to_the_pixels():
     assert make_dataset(seed=7, n=16) == DATASET[:16]
 
 
+@pytest.mark.slow
 def test_dataset_does_not_depend_on_the_hash_seed():
     code = (
         "from qwenvl_lab.toy.shapes import make_dataset;"

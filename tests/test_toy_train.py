@@ -8,10 +8,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from qwenvl_lab.chat import make_prompt
+from qwenvl_lab.checkpoint import load_checkpoint
 from qwenvl_lab.grounding import to_list_format
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.prompt_table import single_table_batch
 from qwenvl_lab.tokenizing import IM_END_ID
+from qwenvl_lab.toy import TOY_DIR
 from qwenvl_lab.toy import batches as toy_batches
 from qwenvl_lab.toy import evaluate as toy_evaluate
 from qwenvl_lab.toy import train as toy_train
@@ -53,7 +56,6 @@ def test_compact_loss_equals_full_vocabulary_cross_entropy(tiny_model, token_set
 
 
 def test_write_back_keeps_trained_rows_and_zeroes_the_rest(tiny_checkpoint, token_sets):
-    from qwenvl_lab.checkpoint import load_checkpoint
 
     model = load_checkpoint(tiny_checkpoint)
     vocab = toy_train.CompactVocab(model, *token_sets)
@@ -108,7 +110,6 @@ def test_conversations_ask_what_the_templates_allow():
 
 
 def test_a_conversation_extends_the_single_question_prompt(tokenizer):
-    from qwenvl_lab.chat import make_prompt
 
     example = make_dataset(2, 1)[0]
     first = toy_batches.Turn(tuple(example.images), example.question, example.answer)
@@ -276,7 +277,6 @@ def test_training_refuses_a_folder_it_must_not_write_before_it_trains(tmp_path):
 
 
 def test_the_default_output_is_a_folder_of_its_own(monkeypatch, tmp_path):
-    from qwenvl_lab.toy import TOY_DIR
 
     monkeypatch.setenv("QWENVL_LAB_OUTPUT", str(tmp_path))
     assert toy_train.default_output_dir() == tmp_path / "toy-qwen-vl" != TOY_DIR
@@ -293,6 +293,7 @@ def test_training_on_cuda_runs_its_held_out_checks_there(tmp_path, capsys):
     assert (tmp_path / "model.safetensors").exists() and model.device.type == "cpu"  # saved and returned on the CPU
 
 
+@pytest.mark.slow
 def test_evaluate_command_prints_every_question_kind(tiny_checkpoint, capsys):
     toy_evaluate.main(["--checkpoint", str(tiny_checkpoint), "--seed", "2", "--n", "10"])
     out = capsys.readouterr().out

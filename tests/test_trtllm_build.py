@@ -61,7 +61,7 @@ def test_mismatches_get_clear_errors(tmp_path):
         trtllm_build_command(tmp_path / "c", tmp_path / "e", BuildConfig())  # the default: no prompt table
     with pytest.raises(ValueError, match=r"256 × 2 × 8 = 4096"):
         trtllm_build_command(tmp_path / "c", tmp_path / "e", README, images_per_request=2)
-    with pytest.raises(ValueError, match="images_per_request must be a positive int"):
+    with pytest.raises(ValueError, match="images_per_request must be an int >= 1"):
         trtllm_build_command(tmp_path / "c", tmp_path / "e", README, images_per_request=0)
     small = BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=400, max_prompt_embedding_table_size=512)
     with pytest.raises(ValueError, match="max_input_len 300 cannot hold 2 image"):

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from qwenvl_lab.trtllm.fp16 import to_float16_onnx
 from qwenvl_lab.trtllm.gpu import GPUStackError, missing_gpu_stack
+from qwenvl_lab.trtllm.onnx_export import export_visual_onnx
+from qwenvl_lab.trtllm.pipeline import REFERENCE_FILE, run_gpu_steps
 from qwenvl_lab.trtllm.visual_plan import TRTVisualEncoder, build_visual_plan
 
 PLAN_NEEDS = missing_gpu_stack("tensorrt", "cuda")
@@ -31,7 +34,6 @@ def skip_reason(missing: list[str]) -> str:
 @pytest.fixture(scope="module")
 def tiny_onnx(tiny_model, tmp_path_factory):
     """(model, exported ONNX) of the tiny random checkpoint (imports qwenvl_lab.modeling: course environment)."""
-    from qwenvl_lab.trtllm.onnx_export import export_visual_onnx
 
     return tiny_model, export_visual_onnx(tiny_model, tmp_path_factory.mktemp("gpu") / "visual.onnx")
 
@@ -42,7 +44,6 @@ def tiny_onnx(tiny_model, tmp_path_factory):
     "fp16, strongly_typed, tolerance", [(False, False, 1e-3), (True, False, 3e-2), (True, True, 3e-2)]
 )
 def test_visual_plan_matches_pytorch(tiny_onnx, tmp_path, fp16, strongly_typed, tolerance):
-    from qwenvl_lab.trtllm.fp16 import to_float16_onnx
 
     model, onnx_path = tiny_onnx
     if strongly_typed:  # the float16 graph (LayerNorm in float32), built in its own types
@@ -82,7 +83,6 @@ def test_plan_step_argument_errors(tiny_onnx, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(bool(ENGINE_NEEDS), reason=skip_reason(ENGINE_NEEDS))
 def test_engine_answers_like_pytorch():
-    from qwenvl_lab.trtllm.pipeline import REFERENCE_FILE, run_gpu_steps
 
     reference = json.loads((Path(WORKDIR) / REFERENCE_FILE).read_text())
     answer = run_gpu_steps(

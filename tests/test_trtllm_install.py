@@ -37,9 +37,13 @@ def test_a_ready_machine_has_no_problems(tmp_path):
 @pytest.mark.parametrize(
     "setup, python, expected",
     [
-        (dict(nvcc="13.1", smi="13.1"), (3, 11), "Python 3.11: tensorrt_llm 1.2.1 has wheels for Python 3.10 and 3.12"),
+        (
+            dict(nvcc="13.1", smi="13.1"),
+            (3, 11),
+            "Python 3.11: tensorrt_llm 1.2.1 has wheels for Python 3.10 and 3.12 only, and this package",
+        ),
         (dict(nvcc="12.8", smi="13.1"), (3, 12), "is CUDA 12.8; tensorrt_llm 1.2.1 is built with CUDA 13.1"),
-        (dict(nvcc="13.1", smi="13.0"), (3, 10), "supports CUDA up to 13.0, older than 13.1: install cuda-compat-13-1"),
+        (dict(nvcc="13.1", smi="13.0"), (3, 12), "supports CUDA up to 13.0, older than 13.1: install cuda-compat-13-1"),
         (dict(nvcc="13.1", smi=None), (3, 12), "no nvidia-smi: this machine has no NVIDIA driver"),
         (dict(nvcc=None, smi="13.1"), (3, 12), "has no bin/nvcc: point it at the CUDA Toolkit 13.1"),
         (dict(nvcc=None, smi="13.1", cuda_home=False), (3, 12), "CUDA_HOME is not set: install the CUDA Toolkit 13.1"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qwenvl_lab.checkpoint import load_checkpoint
-from qwenvl_lab.trtllm.onnx_export import OnnxVisualEncoder, export_visual_onnx, visual_tower_of
+from qwenvl_lab.trtllm.onnx_export import OnnxVisualEncoder, declare_output_shape, export_visual_onnx, visual_tower_of
 from qwenvl_lab.trtllm.vision_graph import onnx_image_size
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -117,7 +117,6 @@ def test_bad_inputs_get_clear_errors(tiny, tmp_path):
 
 def test_weights_stored_beside_the_graph_still_load(tiny, tmp_path):
     """Past 2 GB (the real 448-px tower) the weights live in files beside the .onnx: every reader must follow them."""
-    from qwenvl_lab.trtllm.onnx_export import declare_output_shape
 
     _, model, onnx_path = tiny
     external = tmp_path / "external.onnx"

@@ -1,10 +1,10 @@
-"""Tests for step 11: the TensorRT-LLM runner — engine config, request checks made before the GPU, and outputs.
+"""The TensorRT-LLM runner: the engine config, what reaches ModelRunnerCpp, and its outputs read back.
 
-Without tensorrt_llm the runner's one call into it (`ModelRunnerCpp.generate`) is played by `StandInModelRunnerCpp`
-(tests marked `standin`): what TensorRT-LLM 1.2.x does for that call (request i gets
-`PromptTuningConfig(prompt_table[task_i])`, its fake ids index its own table; outputs padded with end_id to
-max_seq_len; streaming yields the outputs after every token), computed by our PyTorch model. These tests check our
-side of the call, not TensorRT-LLM.
+Without tensorrt_llm the runner's one call into it (`ModelRunnerCpp.generate`) is played by `ScriptedModelRunnerCpp`
+(tests marked `standin`): it records what it is given and answers with the tokens the test scripts, in TensorRT-LLM
+1.2.x's layout (each row the request's ids, its new tokens, then end_id up to max_seq_len; streaming yields the outputs
+after every token). These tests check our side of the call, not TensorRT-LLM; the checks every runner shares are in
+tests/test_runners.py.
 """
 
 import json
@@ -116,17 +116,42 @@ def test_engine_dir_errors(tmp_path):
         read_engine_config(engine)
 
 
-def test_per_request_tables_pass_the_checks(runner):
+def test_each_request_reaches_tensorrt_llm_with_its_own_table(tmp_path):
+    """In-flight batching: request i's fake ids restart at vocab_size and read table i (prompt_tasks "0,1"), cut to
+    the rows it reads, from a [tables, rows, H] table or from run.py's flat [rows, H] with task_vocab_size."""
+    session = ScriptedModelRunnerCpp({})
+    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e")), session)
     ids = torch.nn.utils.rnn.pad_sequence([prompt(1), prompt(1, text=(872, 198, 100))], batch_first=True)
-    fake_ids, table, tasks, rows = per_request_tables(ids, torch.randn(2, 256, H), V, runner.config.rows_per_request)
+    input_vit = torch.randn(2, 256, H)
+    fake_ids, table, _, rows = per_request_tables(ids, input_vit, V, runner.config.rows_per_request)
     batch = [fake_ids[0, : len(prompt(1))], fake_ids[1]]
-    checked, tables, task_str = runner.check_request(batch, table.view(2, rows, H).half(), "0,1", max_new_tokens=8)
-    assert [len(c) for c in checked] == [262, 264] and all(c.dtype == torch.int32 for c in checked)
-    assert tables.shape == (2, 256, H) and task_str == "0,1"
-    assert int(checked[1].max()) == V + 255  # each request's fake ids restart at vocab_size
-    assert runner.check_request(batch, table.view(2, rows, H).half())[2] == "0,1"  # one table per request by default
-    flat = runner.check_request(batch, table.half(), "0,1", task_vocab_size=256)[1]  # [2·256, H] + task_vocab_size
-    assert torch.equal(flat, tables)
+    for given in (
+        dict(prompt_table=table.view(2, rows, H).half()),
+        dict(prompt_table=table.half(), task_vocab_size=256),
+    ):
+        runner.generate(batch, prompt_tasks="0,1", max_new_tokens=2, **given)
+        call = session.calls[-1]
+        assert call["prompt_tasks"] == "0,1" and torch.equal(call["prompt_table"], input_vit.half())  # [2, 256, H]
+        assert [c.dtype for c in call["batch_input_ids"]] == [torch.int32] * 2
+        assert int(call["batch_input_ids"][1].max()) == V + 255  # each request's fake ids restart at vocab_size
+
+
+def test_one_request_in_the_single_table_convention_gets_its_own_table(tmp_path):
+    """run.py's ptuning_setup output for one request ([rows, H], tasks 0, task_vocab_size 256) maps to table 0."""
+    session = ScriptedModelRunnerCpp({})
+    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e")), session)
+    ids, table, _, tvs = single_table_batch(prompt(1)[None], torch.randn(1, 256, H), V)
+    runner.generate([ids[0]], table.half(), "0", task_vocab_size=tvs, max_new_tokens=2)
+    assert (
+        torch.equal(session.calls[-1]["prompt_table"], table.half()[None]) and session.calls[-1]["prompt_tasks"] == "0"
+    )
+
+
+def test_the_single_table_convention_does_not_fit_in_flight_batching(runner):
+    """Python-session ids (V + 256·k + j over the batch, tasks 0) need the whole table per request: refused."""
+    ids, table, tasks, tvs = single_table_batch(torch.stack([prompt(1), prompt(1)]), torch.randn(2, 256, H), V)
+    with pytest.raises(ValueError, match="a request's table has 512 rows, but this engine allows"):
+        runner.generate(list(ids), table.half(), "0,0", task_vocab_size=tvs)
 
 
 def test_a_table_larger_than_a_request_slot_is_refused_before_tensorrt_llm(runner):
@@ -136,104 +161,13 @@ def test_a_table_larger_than_a_request_slot_is_refused_before_tensorrt_llm(runne
         runner.generate([ids], table, "0")
 
 
-def test_the_single_table_convention_does_not_fit_in_flight_batching(runner):
-    """Python-session ids (V + 256·k + j over the batch, tasks 0) need the whole table per request: refused."""
-    ids, table, tasks, tvs = single_table_batch(torch.stack([prompt(1), prompt(1)]), torch.randn(2, 256, H), V)
-    with pytest.raises(ValueError, match="a request's table has 512 rows, but this engine allows"):
-        runner.check_request(list(ids), table.half(), "0,0", task_vocab_size=tvs)
-
-
-def test_one_request_in_the_single_table_convention_gets_its_own_table(runner):
-    """run.py's ptuning_setup output for one request ([rows, H], tasks 0, task_vocab_size 256) maps to table 0."""
-    ids, table, tasks, tvs = single_table_batch(prompt(1)[None], torch.randn(1, 256, H), V)
-    checked, tables, task_str = runner.check_request([ids[0]], table.half(), "0", task_vocab_size=tvs)
-    assert torch.equal(tables, table.half()[None]) and task_str == "0"
-    with pytest.raises(ValueError, match="reads prompt-table row 100, but the table has 100 rows"):
-        runner.check_request([ids[0]], table[:100].half(), "0", task_vocab_size=tvs)
-
-
-def test_fake_ids_past_their_own_table_are_refused(runner):
-    ids, table = fake_request()
-    with pytest.raises(ValueError, match="restart at vocab_size"):
-        runner.check_request([ids + 256], table, "0")  # the Python-session numbering of a second image
-
-
-def test_image_spans_still_holding_a_path_are_refused(runner):
-    with pytest.raises(ValueError, match="image span with the picture's path"):
-        runner.check_request([prompt(1)])
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, message",
-    [
-        (dict(batch_input_ids=[]), ValueError, "non-empty list"),
-        (dict(batch_input_ids=[torch.tensor([1.5])]), ValueError, "1-D tensor of token ids"),
-        (dict(batch_input_ids=[torch.tensor([-1, 2])]), ValueError, "non-negative"),
-        (
-            dict(batch_input_ids=[torch.tensor([1])] * 9),
-            ValueError,
-            "9 requests but the engine was built with max_batch_size 8",
-        ),
-        (dict(batch_input_ids=[torch.ones(2049, dtype=torch.long)]), ValueError, "max_input_len is 2048"),
-        (
-            dict(batch_input_ids=[torch.ones(2048, dtype=torch.long)], max_new_tokens=1025),
-            ValueError,
-            "max_seq_len 3072",
-        ),
-        (
-            dict(batch_input_ids=[torch.tensor([1])], max_new_tokens=0),
-            ValueError,
-            "max_new_tokens must be a positive int",
-        ),
-        (dict(batch_input_ids=[torch.tensor([1])], num_beams=2), ValueError, "max_beam_width"),
-        (dict(batch_input_ids=[torch.tensor([1, V])]), ValueError, "needs a prompt_table"),
-        (dict(batch_input_ids=[torch.tensor([1])], prompt_tasks="0"), ValueError, "without a prompt_table"),
-        (
-            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, 64).half()),
-            ValueError,
-            r"\[tables, rows, 128\]",
-        ),
-        (
-            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H)),
-            TypeError,
-            "runs in torch.float16",
-        ),
-        (dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=[[0.0]]), TypeError, "torch.Tensor"),
-        (
-            dict(
-                batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="0,1"
-            ),
-            ValueError,
-            "2 prompt_tasks for 1 requests",
-        ),
-        (
-            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="1"),
-            ValueError,
-            r"one of the 1 tables",
-        ),
-        (
-            dict(batch_input_ids=[torch.tensor([1, V])], prompt_table=torch.randn(1, 256, H).half(), prompt_tasks="a"),
-            ValueError,
-            "comma-separated list of integers",
-        ),
-        (
-            dict(batch_input_ids=[torch.tensor([1, V])] * 2, prompt_table=torch.randn(3, 256, H).half()),
-            ValueError,
-            "3 tables for 2 requests",
-        ),
-    ],
-)
-def test_bad_requests_get_clear_errors_before_tensorrt_llm(runner, kwargs, error, message):
-    with pytest.raises(error, match=message):
-        runner.check_request(**kwargs)
-
-
 def test_an_engine_without_a_prompt_table_input_is_refused(tmp_path):
-    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e", max_prompt_embedding_table_size=0)), None)
-    assert runner.check_request([torch.tensor([1, 2])])[1] is None  # text only is fine
+    session = ScriptedModelRunnerCpp({})
+    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e", max_prompt_embedding_table_size=0)), session)
+    runner.generate([torch.tensor([1, 2])], max_new_tokens=2)  # text only is fine
     ids, table = fake_request()
     with pytest.raises(ValueError, match="#1300"):
-        runner.check_request([ids], table, "0")
+        runner.generate([ids], table, "0")
 
 
 @pytest.mark.parametrize(
@@ -242,20 +176,16 @@ def test_an_engine_without_a_prompt_table_input_is_refused(tmp_path):
         (torch.empty(1, H, dtype=torch.float16), torch.zeros(1, dtype=torch.int32)),  # run.py's ptuning_setup(None)
         (torch.empty(0, H, dtype=torch.float16), None),
         (torch.empty(2, 0, H, dtype=torch.float16), None),
+        (fake_request()[1].expand(2, -1, -1), None),  # a table no request reads
     ],
 )
-def test_an_empty_table_reaches_tensorrt_llm_as_no_table(runner, table, task_vocab_size):
+def test_a_table_no_request_reads_reaches_tensorrt_llm_as_no_table(tmp_path, table, task_vocab_size):
     """ModelRunnerCpp gives every request PromptTuningConfig(table[task]): an [H] row (refused by its 2-D check) or a
-    table of 0 rows. The runner sends no table instead, and refuses fake ids that would need one."""
-    ids, tables, tasks = runner.check_request([torch.tensor([1, 2])] * 2, table, "0,0", task_vocab_size=task_vocab_size)
-    assert tables is None and tasks is None and [i.tolist() for i in ids] == [[1, 2]] * 2
-    with pytest.raises(ValueError, match="the prompt_table holds no image rows .*, so request 0 holds id 151936"):
-        runner.check_request([torch.tensor([1, V])], table, task_vocab_size=task_vocab_size)
-
-
-def test_a_table_no_request_reads_is_not_sent(runner):
-    _, table = fake_request()
-    assert runner.check_request([torch.tensor([1, 2])], table, "0")[1:] == (None, None)
+    table of 0 rows. The runner sends no table instead."""
+    session = ScriptedModelRunnerCpp({})
+    runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e")), session)
+    runner.generate([torch.tensor([1, 2])] * 2, table, "0,0", task_vocab_size=task_vocab_size, max_new_tokens=2)
+    assert session.calls[-1]["prompt_table"] is None and session.calls[-1]["prompt_tasks"] is None
 
 
 @pytest.mark.skipif(not NEEDS, reason="tensorrt_llm and a GPU are present: from_dir is exercised by the GPU tests")
@@ -264,17 +194,17 @@ def test_from_dir_without_tensorrt_llm_says_what_is_missing(tmp_path):
         TRTLLMRunner.from_dir(write_engine(tmp_path / "e"))
 
 
-# generate, with ModelRunnerCpp.generate emulated on the CPU
+# generate, with ModelRunnerCpp.generate scripted
 
 
-class StandInModelRunnerCpp:
-    """A stand-in for ModelRunnerCpp (tests only): generate's contract in TensorRT-LLM 1.2.x, keyword names included,
-    computed by our model."""
+class ScriptedModelRunnerCpp:
+    """A stand-in for ModelRunnerCpp (tests only): records its keywords (TensorRT-LLM 1.2.x's names) and answers request
+    i with `answers[last id of request i]`, laid out as TensorRT-LLM lays its outputs out."""
 
-    def __init__(self, model, max_seq_len):
-        self.model, self.max_seq_len, self.calls = model, max_seq_len, []
+    def __init__(self, answers, max_seq_len=3072):
+        self.answers, self.max_seq_len, self.calls = answers, max_seq_len, []
 
-    def generate(
+    def generate(  # noqa: PLR0913 — the signature of what it stands in for
         self,
         batch_input_ids,
         *,
@@ -296,131 +226,94 @@ class StandInModelRunnerCpp:
         repetition_penalty=1.0,
         stop_words_list=None,
     ):
-        self.calls.append(
-            dict(
-                prompt_table=prompt_table,
-                prompt_tasks=prompt_tasks,
-                batch_input_ids=batch_input_ids,
-                repetition_penalty=repetition_penalty,
-                stop_words_list=stop_words_list,
-            )
-        )
-        assert return_dict and output_sequence_lengths and num_beams == 1 and top_k == 1  # what the runner asks for
-        tasks = [0] * len(batch_input_ids) if prompt_tasks is None else [int(t) for t in prompt_tasks.split(",")]
-        sequences = []
-        for ids, task in zip(batch_input_ids, tasks):
-            table = (
-                {}
-                if prompt_table is None
-                else dict(  # the request's own table: PromptTuningConfig(table[task])
-                    prompt_table=prompt_table[task].to(self.model.dtype),
-                    tasks=torch.zeros(1, dtype=torch.int32),
-                    task_vocab_size=prompt_table.shape[1],
-                )
-            )
-            sequences.append(greedy(self.model, ids, max_new_tokens, end_id, **table))
+        self.calls.append({k: v for k, v in locals().items() if k not in ("self", "answers")})
+        assert return_dict and output_sequence_lengths  # what the runner asks for
+        answers = [self.answers.get(int(ids[-1]), [end_id])[:max_new_tokens] for ids in batch_input_ids]
 
         def outputs(step):
-            """The outputs once every request has `step` new tokens (fewer where it ended)."""
-            output_ids = torch.full((len(batch_input_ids), 1, self.max_seq_len), end_id, dtype=torch.int32)
-            lengths = torch.zeros(len(batch_input_ids), 1, dtype=torch.int32)
-            for i, (ids, seq) in enumerate(zip(batch_input_ids, sequences)):
-                n = min(len(seq), len(ids) + step)
-                output_ids[i, 0, :n], lengths[i, 0] = seq[:n], n
+            """The outputs once every request has `step` new tokens (fewer where its answer ended)."""
+            output_ids = torch.full((len(batch_input_ids), num_beams, self.max_seq_len), end_id, dtype=torch.int32)
+            lengths = torch.zeros(len(batch_input_ids), num_beams, dtype=torch.int32)
+            for i, (ids, answer) in enumerate(zip(batch_input_ids, answers)):
+                seq = [*ids.tolist(), *answer[:step]]
+                output_ids[i, :, : len(seq)], lengths[i] = torch.tensor(seq), len(seq)
             return {"output_ids": output_ids, "sequence_lengths": lengths}
 
-        steps = max(len(seq) - len(ids) for ids, seq in zip(batch_input_ids, sequences))
+        steps = max(map(len, answers))
         return (outputs(t) for t in range(1, steps + 1)) if streaming else outputs(steps)
 
 
-def greedy(model, ids, max_new_tokens, end_id, **table) -> torch.Tensor:
-    """Prompt + greedy answer (its end_id included) from our PyTorch model."""
-    ids = torch.as_tensor(ids).long()[None]
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=end_id,
-            pad_token_id=end_id,
-            **table,
-        )[0].int()
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model, tokenizer, tmp_path_factory):
-    """(model, tokenizer, TRTLLMRunner over an fp32 engine config of 2 requests × 1 image, emulated ModelRunnerCpp)."""
-    engine = write_engine(
-        tmp_path_factory.mktemp("runner") / "engine",
-        dtype="float32",
-        max_batch_size=2,
-        max_input_len=512,
-        max_seq_len=600,
-        max_prompt_embedding_table_size=512,
-    )
-    return tiny_model, tokenizer, TRTLLMRunner(read_engine_config(engine), StandInModelRunnerCpp(tiny_model, 600))
-
-
-def chat_ids(tokenizer, image, question):
-    query = tokenizer.from_list_format([{"image": str(image)}, {"text": question}])
-    return torch.tensor(make_context(tokenizer, query)[1])
+@pytest.fixture
+def scripted(tmp_path):
+    """A TRTLLMRunner (float32, 2 requests of one picture) whose session answers [7, 8, 9, end] to a request ending
+    in id 11 and [5, end] to one ending in 12."""
+    engine = write_engine(tmp_path / "e", dtype="float32", max_batch_size=2, max_input_len=512, max_seq_len=600)
+    session = ScriptedModelRunnerCpp({11: [7, 8, 9, IM_END_ID], 12: [5, IM_END_ID]}, max_seq_len=600)
+    return TRTLLMRunner(read_engine_config(engine), session)
 
 
 @pytest.mark.standin
-def test_generate_answers_like_the_original_model(tiny):
-    """Two requests, each with its own picture as its own table, give what Qwen-VL's own path gives for each."""
-    model, tokenizer, runner = tiny
-    pictures = [IMAGES / "blue_square.png", IMAGES / "green_triangle.png"]
-    requests = [
-        chat_ids(tokenizer, pictures[0], "What is in the picture?"),
-        chat_ids(tokenizer, pictures[1], "图片里是什么？"),
+def test_outputs_read_back_in_the_runners_layout(scripted):
+    requests = [torch.tensor([872, 198, 11]), torch.tensor([872, 12])]
+    out = scripted.generate(requests, max_new_tokens=6, return_dict=True)
+    assert out["output_ids"].tolist() == [
+        [[872, 198, 11, 7, 8, 9, IM_END_ID, IM_END_ID, IM_END_ID]],
+        [[872, 12, 5, IM_END_ID, IM_END_ID, IM_END_ID, IM_END_ID, IM_END_ID, IM_END_ID]],
+    ]  # [B, beams, max input + max_new_tokens]: the prompt, the answer (its end id kept), then pad_id
+    assert out["sequence_lengths"].tolist() == [[7], [4]]
+    short = scripted.generate(requests, max_new_tokens=2, pad_id=0, return_dict=True)
+    assert short["output_ids"][0, 0].tolist() == [872, 198, 11, 7, 8] and short["sequence_lengths"].tolist() == [
+        [5],
+        [4],
     ]
-    batch = torch.nn.utils.rnn.pad_sequence(requests, batch_first=True, padding_value=IM_END_ID)
-    with torch.no_grad():
-        input_vit = model.transformer.visual.encode(pictures)  # [2, 256, H]
-    ids, table, tasks, rows = per_request_tables(batch, input_vit, V, runner.config.rows_per_request)
-    out = runner.generate(
-        [ids[r, : len(request)] for r, request in enumerate(requests)],
-        prompt_table=table.view(2, rows, H),
-        prompt_tasks="0,1",
-        max_new_tokens=6,
-        return_dict=True,
-    )
-    assert runner.session.calls[-1]["prompt_tasks"] == "0,1"
-    assert out["output_ids"].shape == (2, 1, max(map(len, requests)) + 6)
-    for r, request in enumerate(requests):
-        expected = greedy(model, request, 6, IM_END_ID)  # the original path: the model reads the picture itself
-        n, prompt_len = int(out["sequence_lengths"][r, 0]), len(request)
-        assert torch.equal(out["output_ids"][r, 0, :prompt_len], ids[r, :prompt_len].int())  # the fake-id prompt
-        assert n == len(expected) and torch.equal(out["output_ids"][r, 0, prompt_len:n], expected[prompt_len:])
-        assert (out["output_ids"][r, 0, n:] == IM_END_ID).all()  # then pad_id
+    assert short["output_ids"][1, 0].tolist() == [872, 12, 5, IM_END_ID, 0]
 
 
 @pytest.mark.standin
-def test_streaming_gives_every_step_in_the_same_layout(tiny):
-    model, tokenizer, runner = tiny
-    ids, table = fake_request()
-    ids, table = ids.int(), table.float()
-    steps = list(runner.generate([ids], prompt_table=table, max_new_tokens=3, streaming=True, return_dict=True))
-    assert len(steps) == 3 and all(s["output_ids"].shape == (1, 1, len(ids) + 3) for s in steps)
-    assert [int(s["sequence_lengths"][0, 0]) for s in steps] == [len(ids) + 1, len(ids) + 2, len(ids) + 3]
-    for t, s in enumerate(steps, 1):  # each step: the prompt, t new tokens, then pad_id
-        assert (s["output_ids"][0, 0, len(ids) + t :] == IM_END_ID).all()
-    final = runner.generate([ids], prompt_table=table, max_new_tokens=3)
-    assert torch.equal(steps[-1]["output_ids"], final) and torch.equal(
-        steps[0]["output_ids"][0, 0, : len(ids) + 1], final[0, 0, : len(ids) + 1]
-    )
+def test_streaming_gives_every_step_in_the_same_layout(scripted):
+    ids = torch.tensor([872, 198, 11])
+    steps = list(scripted.generate([ids], max_new_tokens=4, streaming=True, return_dict=True))
+    assert [int(s["sequence_lengths"][0, 0]) for s in steps] == [4, 5, 6, 7]
+    assert all(s["output_ids"].shape == (1, 1, 7) for s in steps)
+    assert steps[1]["output_ids"][0, 0].tolist() == [872, 198, 11, 7, 8, IM_END_ID, IM_END_ID]  # then pad_id
+    assert torch.equal(steps[-1]["output_ids"], scripted.generate([ids], max_new_tokens=4)) and not scripted.busy
 
 
 @pytest.mark.standin
-def test_answer_question_decodes_what_the_original_model_says(tiny):
-    model, tokenizer, runner = tiny
+def test_the_sampling_settings_reach_tensorrt_llm_in_its_form(scripted):
+    scripted.generate(
+        [torch.tensor([1, 2])],
+        max_new_tokens=2,
+        repetition_penalty=1.1,
+        stop_words_list=[[[151644]]],
+        random_seed=7,
+        top_k=0,
+        top_p=0.3,
+    )
+    call = scripted.session.calls[-1]
+    assert (call["repetition_penalty"], call["stop_words_list"], call["random_seed"]) == (1.1, [[[151644]]], 7)
+    assert (call["top_k"], call["top_p"], call["early_stopping"]) == (0, 0.3, 0)
+    for given, sent in ((True, 1), (False, 0), ("never", 2)):  # TensorRT-LLM's int early_stopping
+        scripted.generate([torch.tensor([1, 2])], max_new_tokens=2, early_stopping=given)
+        assert scripted.session.calls[-1]["early_stopping"] == sent
+
+
+@pytest.mark.standin
+def test_answer_question_sends_the_pictures_features_and_decodes_the_answer(tmp_path, tokenizer):
+    class Tower:  # a vision encoder whose features name the picture: input_vit [N, 256, H]
+        def encode(self, pictures):
+            return torch.stack([torch.full((256, H), float(len(str(p)))) for p in pictures])
+
+    answer_ids = [*tokenizer.encode("A blue square."), IM_END_ID]
     picture = IMAGES / "blue_square.png"
-    expected = greedy(model, chat_ids(tokenizer, picture, "图片里是什么？"), 6, IM_END_ID)
-    n = len(chat_ids(tokenizer, picture, "图片里是什么？"))
-    answer = answer_question(runner, model.transformer.visual, tokenizer, picture, "图片里是什么？", max_new_tokens=6)
-    assert answer == tokenizer.decode(expected[n:].tolist(), skip_special_tokens=True)
+    ids = torch.tensor(make_context(tokenizer, tokenizer.from_list_format([{"image": str(picture)}, {"text": "?"}]))[1])
+    engine = write_engine(tmp_path / "e", dtype="float32")
+    runner = TRTLLMRunner(read_engine_config(engine), ScriptedModelRunnerCpp({int(ids[-1]): answer_ids}))
+    assert answer_question(runner, Tower(), tokenizer, picture, "?", max_new_tokens=8) == "A blue square."
+    call = runner.session.calls[-1]
+    assert torch.equal(call["prompt_table"], Tower().encode([picture])) and call["prompt_tasks"] == "0"
+    fake = call["batch_input_ids"][0] >= V
+    assert int(fake.sum()) == 256 and call["batch_input_ids"][0][fake].tolist() == list(range(V, V + 256))
 
 
 class OtherRankModelRunnerCpp:
@@ -435,36 +328,7 @@ class OtherRankModelRunnerCpp:
 def test_ranks_other_than_the_first_get_no_outputs(tmp_path, streaming):
     runner = TRTLLMRunner(read_engine_config(write_engine(tmp_path / "e", tp_size=2)), OtherRankModelRunnerCpp())
     assert runner.generate([torch.tensor([1, 2])], max_new_tokens=4, streaming=streaming) is None
-
-
-def test_generate_checks_its_own_arguments(tiny):
-    _, _, runner = tiny
-    calls = len(runner.session.calls)
-    with pytest.raises(ValueError, match=r"end_id must be an int in \[-1, 151936\)"):
-        runner.generate([torch.tensor([1, 2])], end_id=V)
-    with pytest.raises(ValueError, match="early_stopping must be True or False"):
-        runner.generate([torch.tensor([1, 2])], early_stopping="never")
-    assert len(runner.session.calls) == calls  # nothing reached TensorRT-LLM
-
-
-def test_ids_past_int32_are_refused_before_the_cast(runner):
-    """The ids TensorRT-LLM gets are int32: 2**32 + V + 3 would wrap to a fake id reading row 3."""
-    ids, table = fake_request()
-    ids[5] = 2**32 + V + 3
-    with pytest.raises(ValueError, match=f"id {2**32 + V + 3} at position 5 reads prompt-table row {2**32 + 3}"):
-        runner.check_request([ids], table, "0")
-    with pytest.raises(ValueError, match="holds id 1099511627776 at position 1, past the vocabulary"):
-        runner.check_request([torch.tensor([1, 2**40])])
-
-
-@pytest.mark.standin
-def test_penalty_and_stop_words_reach_tensorrt_llm_in_its_form(tiny):
-    _, _, runner = tiny
-    runner.generate([torch.tensor([1, 2])], max_new_tokens=2, repetition_penalty=1.1, stop_words_list=[[[151644]]])
-    assert runner.session.calls[-1]["repetition_penalty"] == 1.1
-    assert runner.session.calls[-1]["stop_words_list"] == [[[151644]]]
-    with pytest.raises(ValueError, match="one list of stop sequences per request"):
-        runner.generate([torch.tensor([1, 2])], max_new_tokens=2, stop_words_list=[[151644]] * 2)
+    assert not runner.busy
 
 
 class OneRequestAtATime:

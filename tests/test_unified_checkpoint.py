@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from qwenvl_lab.checkpoint import CheckpointError, read_state_dict
 from qwenvl_lab.layout import trtllm_name
@@ -190,7 +190,6 @@ def test_a_checkpoint_named_the_older_way_still_loads(tiny, tmp_path):
 
 
 def test_a_checkpoint_missing_weights_is_refused(tiny, tmp_path):
-    from safetensors.torch import save_file
 
     checkpoint, model, _ = tiny
     (tmp_path / "config.json").write_text((checkpoint / "config.json").read_text())

@@ -10,8 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from qwenvl_lab.chat import SPAN_NAME
-from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
+from qwenvl_lab.chat import SPAN_NAME, Conversation, GenerationSettings
+from qwenvl_lab.img_pos import locate_img_pos
+from qwenvl_lab.pictures import load_image
+from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch, table_layout
 from qwenvl_lab.tokenizing import (
     IMAGE_END_ID,
     IMAGE_PAD_ID,
@@ -22,15 +24,19 @@ from qwenvl_lab.tokenizing import (
     make_context,
 )
 from qwenvl_lab.toy.evaluate import ask
-from qwenvl_lab.vision import load_image
 from qwenvl_lab.widgets import (
     ID_STYLE,
     KIND_COLORS,
+    NO_PICTURE,
+    ROW_HEIGHT,
     UPLOADED,
     PanelResult,
     TokenView,
     ask_panel,
     ask_panel_result,
+    boxes_picture,
+    chat_panel,
+    chat_turn,
     describe_lookup,
     kind_legend_html,
     lookup_rows,
@@ -40,6 +46,7 @@ from qwenvl_lab.widgets import (
     table_heatmap,
     token_label,
     token_viewer,
+    transcript_html,
 )
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -102,6 +109,18 @@ def test_short_runs_stay_one_chip_per_id(tokenizer):
     assert len(chips) == len(ids)
     assert [c.label for c in chips if c.kind == "imgpad"] == ["<imgpad>"] * 3
     assert len(TokenView.of(tokenizer, ids, collapse=3).chips()) == len(ids) - 2
+
+
+def test_a_run_of_one_repeated_id_folds_like_01s_imgpad_chip(tokenizer):
+    answer = tokenizer.encode("一个红色的圆形。")
+    ids = answer + [tokenizer.im_end_id] * 19  # an answer, its <|im_end|>, and 18 pad ids that are <|im_end|> too
+    chips = TokenView.of(tokenizer, ids).chips()
+    assert len(chips) == len(answer) + 1
+    assert (chips[-1].label, chips[-1].start, chips[-1].stop) == ("<|im_end|> ×19", len(answer), len(ids))
+    assert chips[-1].title.startswith(f"{len(answer)}–{len(ids) - 1}: 19 × id {tokenizer.im_end_id} ")
+    assert ">151645<" in TokenView.of(tokenizer, ids).to_html()  # one id under the chip, not 151645…151645
+    assert len(TokenView.of(tokenizer, answer + [tokenizer.im_end_id] * 7).chips()) == len(answer) + 7  # < collapse
+    assert len(TokenView.of(tokenizer, [tokenizer.eod_id] * 12 + answer).chips()) == 1 + len(answer)  # left padding
 
 
 def test_fake_prompt_ids_collapse_and_label_their_offset(tokenizer, chat_ids):
@@ -183,23 +202,29 @@ def test_token_viewer_wires_the_slider_to_describe_and_to_html(tokenizer, chat_i
         token_viewer(tokenizer, [])
 
 
-def test_plot_token_kinds_colours_each_cell_by_kind(tokenizer, chat_ids):
-    from qwenvl_lab.img_pos import locate_img_pos
+def test_plot_token_kinds_colours_each_cell_by_kind_in_bands_apart(tokenizer, chat_ids):
 
     batch = torch.tensor([[tokenizer.eod_id] * 5 + chat_ids[:-5], chat_ids])  # [2, L], row 0 shifted and cut
     img_pos = locate_img_pos(batch)
     ax = plot_token_kinds(tokenizer, batch, img_pos)
-    cells = ax.images[0].get_array()
-    assert cells.shape == tuple(batch.shape)
-    for row in range(2):
-        assert [TOKEN_KINDS[int(k)] for k in cells[row]] == tokenizer.token_kinds(batch[row])
-    assert len(ax.lines) == 2 and list(ax.lines[0].get_xdata()) == img_pos[0, 1:].tolist()
+    assert len(ax.images) == 2  # one band per sequence
+    for row, band in enumerate(ax.images):
+        cells = band.get_array()
+        assert cells.shape == (1, batch.shape[1])
+        assert [TOKEN_KINDS[int(k)] for k in cells[0]] == tokenizer.token_kinds(batch[row])
+        top, bottom = sorted(band.get_extent()[2:])
+        assert bottom - top == pytest.approx(ROW_HEIGHT) and ROW_HEIGHT < 0.8  # a gap between the bands
+    (ticks,) = ax.lines
+    assert sorted(ticks.get_xdata()) == sorted(img_pos[:, 1:].reshape(-1).tolist())
+    tags = [c for c in ax.collections if c.get_segments()]
+    assert sum(len(c.get_segments()) for c in tags) == 2 * len(img_pos)  # every tag drawn as a bar
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "text",
         "special",
         "image_tag",
         "image_path_byte",
         "imgpad",
+        "img_pos: <img>, </img>",
     ]
     matplotlib.pyplot.close(ax.figure)
     mask = torch.ones_like(batch)
@@ -239,9 +264,9 @@ def test_lookup_rows_follow_the_embedding_lookup():
 def test_lookup_rows_errors():
     ids, input_vit = fake_batch()
     fake_ids, table, tasks, tvs = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match="1 tasks for a batch of 2"):
+    with pytest.raises(ValueError, match="1 tasks for 2 requests"):
         lookup_rows(fake_ids, [0], tvs, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match=r"tasks must be in \[0, "):
         lookup_rows(fake_ids, [0, -1], tvs, MODEL_VOCAB_SIZE)
     with pytest.raises(ValueError, match=f"reads row {3 * IMG_TOKEN_SPAN - 1} but the prompt table has 256 rows"):
         lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, table_rows=IMG_TOKEN_SPAN)
@@ -260,13 +285,27 @@ def test_describe_lookup_states_the_rule():
     )
 
 
-def test_table_heatmap_draws_the_table_and_boxes_rows():
+def test_table_heatmap_draws_the_table_marks_rows_and_labels_blocks():
     table = torch.randn(IMG_TOKEN_SPAN, 8, generator=torch.Generator().manual_seed(2))
     ax = table_heatmap(table, highlight=[5])
     assert ax.images[0].get_array().shape == (IMG_TOKEN_SPAN, 8)
     (box,) = ax.patches
     assert box.get_y() == pytest.approx(4.5) and box.get_height() == 1
-    assert ax.get_title() == "prompt_table [256, 8]"
+    assert "row 5" in [t.get_text() for t in ax.texts]  # named, visible at any size
+    assert ax.get_title() == "prompt_table [256, 8]" and len(ax.figure.axes) == 2  # the map and its colour bar
+    matplotlib.pyplot.close(ax.figure)
+    ids, input_vit = fake_batch()
+    fake_ids, flight, tasks, tvs = per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE, 2 * IMG_TOKEN_SPAN)
+    layout = table_layout(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, len(flight))
+    ax = table_heatmap(flight, layout=layout)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == [
+        "request 0, picture 0\nrows 0–255",
+        "unused\nrows 256–511",
+        "request 1, picture 0\nrows 512–767",
+        "request 1, picture 1\nrows 768–1023",
+    ]
+    assert [p.get_hatch() for p in ax.patches] == ["//"]  # the unused rows
     matplotlib.pyplot.close(ax.figure)
     with pytest.raises(ValueError, match="2-D prompt table"):
         table_heatmap(table[None])
@@ -274,18 +313,24 @@ def test_table_heatmap_draws_the_table_and_boxes_rows():
         table_heatmap(table, highlight=[IMG_TOKEN_SPAN])
 
 
-def test_table_explorer_wires_the_slider_to_describe_lookup():
+def test_table_explorer_names_the_fake_id_on_the_slider_and_marks_its_row_from_the_start():
     ids, input_vit = fake_batch()
-    fake_ids, table, tasks, tvs = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
-    slider, info, _ = table_explorer(fake_ids, table, tasks, tvs, MODEL_VOCAB_SIZE).children
+    fake_ids, table, tasks, tvs = per_request_tables(ids, input_vit, MODEL_VOCAB_SIZE)
+    slider, info, heat_map = table_explorer(fake_ids, table, tasks, tvs, MODEL_VOCAB_SIZE).children
     entries = lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE)
-    assert slider.max == len(entries) - 1
+    assert len(slider.options) == len(entries)
     assert info.value == html.escape(describe_lookup(entries[0], tasks, tvs, MODEL_VOCAB_SIZE))
+    first_map = bytes(heat_map.value)
+    assert first_map.startswith(b"\x89PNG") and Image.open(io.BytesIO(first_map)).size[0] > 500  # full size at once
     slider.value = 300
+    seq, _, fake, row = entries[300].tolist()
+    assert slider.label == f"{fake} (seq {seq})" and f"fake id {fake} " in info.value  # slider and text agree
     assert info.value == html.escape(describe_lookup(entries[300], tasks, tvs, MODEL_VOCAB_SIZE))
+    assert bytes(heat_map.value) != first_map
+    assert Image.open(io.BytesIO(bytes(heat_map.value))).size == Image.open(io.BytesIO(first_map)).size
     with pytest.raises(ValueError, match="no fake prompt ids"):
         table_explorer(ids, table, tasks, tvs, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match="prompt table has 256 rows"):
+    with pytest.raises(ValueError, match=f"prompt table has {IMG_TOKEN_SPAN} rows"):
         table_explorer(fake_ids, table[:IMG_TOKEN_SPAN], tasks, tvs, MODEL_VOCAB_SIZE)
 
 
@@ -387,7 +432,7 @@ def upload_of(name, data):
 
 def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tokenizer, image_files):
     panel = ask_panel(tiny_model, tokenizer, {"red": str(image_files["red"]), "missing": "nope.png"})
-    (choice, upload), (shown, source), (text, button), answer, ids_view, _ = [
+    (choice, upload), (shown, source), (text, button), answer, ids_view, table = [
         getattr(w, "children", w) for w in panel.children
     ]
     assert shown.value and source.value == "sample: red"  # the picture asked about is on screen
@@ -397,6 +442,7 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
     expected = ask_panel_result(tiny_model, tokenizer, str(image_files["red"]), text.value)
     assert answer.value == f"<b>answer:</b> {html.escape(expected.answer)}"
     assert ids_view.value == TokenView.of(tokenizer, expected.fake_ids).to_html()
+    assert table.value and table.layout.display is None  # the table of the picture asked about
     choice.value = "nope.png"
     assert not shown.value and "cannot show the picture" in source.value
     assert shown.layout.display == "none"  # an empty Image widget would show as a broken picture
@@ -425,12 +471,38 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
         ask_panel(tiny_model, tokenizer, {})
 
 
+def test_an_ask_panel_result_is_cleared_the_moment_the_picture_or_the_question_changes(tiny_model, tokenizer):
+    red, blue = str(IMAGES / "red_circle.png"), str(IMAGES / "blue_square.png")
+    panel = ask_panel(tiny_model, tokenizer, {"red": red, "blue": blue})
+    (choice, upload), (shown, _), (text, button), answer, ids_view, table = [
+        getattr(w, "children", w) for w in panel.children
+    ]
+
+    def shows_a_result():
+        return answer.value.startswith("<b>answer:</b>") or bool(ids_view.value) or table.layout.display != "none"
+
+    text.value = "How many shapes are there?"
+    button.click()
+    assert shows_a_result()
+    choice.value = blue  # another sample: the answer about the red circle must go
+    assert not shows_a_result() and "the picture changed" in answer.value
+    button.click()
+    assert (
+        answer.value
+        == f"<b>answer:</b> {html.escape(ask_panel_result(tiny_model, tokenizer, blue, text.value).answer)}"
+    )
+    text.value = "What color is the square?"  # another question
+    assert not shows_a_result() and "the question changed" in answer.value
+    button.click()
+    upload.value = upload_of("two.png", png_bytes((0, 200, 0)))  # an upload replaces the sample
+    assert not shows_a_result() and "the picture changed" in answer.value
+    assert shown.value  # the uploaded picture is on screen, with nothing of the answer before it
+
+
 # The chat panel
 
 
 def test_chat_turn_streams_and_boxes_are_drawn_on_the_latest_picture(toy_chat):
-    from qwenvl_lab.chat import Conversation, GenerationSettings
-    from qwenvl_lab.widgets import boxes_picture, chat_turn, transcript_html
 
     runner, vision, tokenizer = toy_chat
     talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))
@@ -447,20 +519,26 @@ def test_chat_turn_streams_and_boxes_are_drawn_on_the_latest_picture(toy_chat):
 
 
 def test_chat_panel_sends_streams_and_clears(toy_chat):
-    from qwenvl_lab.chat import Conversation, GenerationSettings
-    from qwenvl_lab.widgets import NO_PICTURE, chat_panel
 
     runner, vision, tokenizer = toy_chat
-    talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=16))
-    panel = chat_panel(talk, {"red circle": str(IMAGES / "red_circle.png")}, "What is in the picture?")
-    (choice,), (text, send, clear), transcript, answer, boxes = [getattr(w, "children", w) for w in panel.children]
-    assert boxes.layout.display == "none"  # no boxes yet: an empty Image widget would show as a broken picture
-    choice.value = str(IMAGES / "red_circle.png")
+    talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=40))
+    red, boxes = str(IMAGES / "red_circle.png"), str(IMAGES / "red_circle_blue_square.png")
+    panel = chat_panel(talk, {"red circle": red, "two shapes": boxes}, "What is in the picture?")
+    (choice, attached), (text, send, clear), transcript, answer = [getattr(w, "children", w) for w in panel.children]
+    assert attached.layout.display == "none"  # no picture attached yet: an empty Image would show as broken
+    choice.value = red
+    assert attached.value and attached.layout.display is None  # a thumbnail of the picture the question brings
     send.click()
     assert "A red circle." in transcript.value and answer.value == "" and choice.value == NO_PICTURE
-    assert not boxes.value and boxes.layout.display == "none"  # that answer has no box
+    assert transcript.value.count("<img ") == 1 and "red_circle.png" in transcript.value  # the turn's thumbnail
+    assert attached.layout.display == "none"  # the next question brings no picture
     text.value = "How many shapes are there?"
     send.click()
     assert len(talk.history) == 2 and "One." in transcript.value and not send.disabled
     clear.click()
     assert talk.history == [] and transcript.value == ""
+    choice.value = boxes
+    text.value = "Where is the blue square?"
+    send.click()
+    assert "<box>" in talk.history[-1][1]
+    assert transcript.value.count("<img ") == 2  # the thumbnail, and the answer's box drawn on its picture

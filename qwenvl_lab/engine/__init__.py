@@ -1,17 +1,15 @@
 """The engine: TensorRT-LLM's build-then-generate interface (prompt tables, KV cache, CUDA graphs) in PyTorch."""
 
 from ..limits import BuildConfig
+from ..requests import GenerationStream
 from .build import build_engine, load_engine_config, load_engine_vision_tower, verify_engine
-from .infer import QWenInfer, generate_for_qwenvl
-from .runner import GenerationStream, ModelRunner
+from .runner import ModelRunner
 
 __all__ = [
     "BuildConfig",
     "GenerationStream",
     "ModelRunner",
-    "QWenInfer",
     "build_engine",
-    "generate_for_qwenvl",
     "load_engine_config",
     "load_engine_vision_tower",
     "verify_engine",

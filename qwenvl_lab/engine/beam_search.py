@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from ..checks.values import is_number
+
 PENALTY = -1.0e9  # score that keeps a candidate out (what transformers adds)
 
 
@@ -22,7 +24,7 @@ class BeamSearch:
     ):
         if early_stopping not in (True, False, "never"):
             raise ValueError(f'early_stopping must be True, False or "never", got {early_stopping!r}')
-        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+        if not is_number(length_penalty):
             raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
         b, k = batch_size, num_beams
         self.k, self.max_new_tokens, self.end_id = k, max_new_tokens, end_id

@@ -25,8 +25,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..checkpoint import check_state_dict, load_config, load_visual_tower, vision_tower_from
+from ..checks.values import check_model_limits, is_int
 from ..files import CheckpointError, field, put_in_place, read_json, sibling_name
-from ..limits import BuildConfig, check_model_limits
+from ..limits import BuildConfig
 from ..tokenizing import VOCAB_FILE_NAME
 from ..unified_checkpoint import convert_to_trtllm_checkpoint, read_trtllm_config, trtllm_config
 from ..vision import VisionTransformer
@@ -337,7 +338,7 @@ def _read_manifest(engine_dir: Path) -> dict:
             f"{package_version()!r}; {REBUILD}"
         )
     chunk = manifest.get("chunk_bytes")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    if not is_int(chunk) or chunk < 1:
         raise CheckpointError(f"{manifest_file} records no checksums of the engine's files (an older build); {REBUILD}")
     return manifest
 
@@ -410,11 +411,9 @@ def load_engine_config(engine_dir, verify: str = "full") -> tuple[BuildConfig, d
         )
     try:
         build_config = BuildConfig(**stored)
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         raise CheckpointError(f"{config_file}: {err}; {REBUILD}") from None
-    pretrained = read_trtllm_config(engine_dir / LLM_DIR)
-    check_model_limits(build_config, pretrained["max_position_embeddings"], pretrained["seq_length"])
-    return build_config, pretrained
+    return build_config, read_trtllm_config(engine_dir / LLM_DIR)  # the limits are checked against it where it runs
 
 
 def load_engine_weights(engine_dir) -> dict[str, torch.Tensor]:

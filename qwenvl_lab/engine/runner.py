@@ -1,26 +1,25 @@
 """Notebook 06 — the engine's runner: TensorRT-LLM's ModelRunner in PyTorch, each request checked, then generated."""
 
-from collections import deque
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from ..checks.values import check_model_limits
 from ..layout import to_trtllm_names
-from ..limits import BuildConfig, check_model_limits
-from ..prompt_table import prompt_tuning_embedding
-from ..requests import GenerationStream, OneGeneration, check_request, check_sampling, check_stop_words
-from ..tokenizing import IM_END_ID
+from ..limits import BuildConfig
+from ..prompt_table import lookup
+from ..requests import CheckedRequest, OneGeneration, Runner, SamplingConfig
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
 from .build import TUNING_FILE, load_engine_config, load_engine_weights
 from .cuda_graphs import DecodeGraphs, kv_bucket
-from .decode import decode_backend
+from .decode import backend_class
 from .forward import LanguageModelEngine
 from .sampling import penalize_repetition, sample_tokens
 
 
-class ModelRunner:
+class ModelRunner(Runner):
     """An engine ready to generate: its limits, its weights on one device, a KV cache sized by the build, and the
     decode step named by `backend` ("torch", the reference; "numba" on a CPU or "triton" on a GPU: engine.decode),
     replayed as CUDA graphs when `cuda_graphs` is on."""
@@ -48,7 +47,7 @@ class ModelRunner:
         self.max_request_rows = self.max_prompt_embedding_table_size  # one request may fill the table (run.py's way)
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
-        step_class = decode_backend(backend, device, self.dtype, cuda_graphs)  # refused if it cannot run here
+        step_class = backend_class(backend, device, self.dtype, cuda_graphs)  # refused if it cannot run here
         self.backend, self.cuda_graphs = backend, cuda_graphs
         self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, step_class.layout)
         self.decode_step = step_class(self.engine, tuning_file)  # step(ids [n], pos [n], kv_len) -> logits [n, V]
@@ -108,11 +107,6 @@ class ModelRunner:
             tuning_file=tuning_file,
         )
 
-    @property
-    def busy(self) -> bool:
-        """True while a generation runs or a streaming generation is open."""
-        return self.turn.busy
-
     def warm_up(self, progress: bool = True) -> None:
         """Do now what the first question would otherwise wait for: a prefill, and the decode step's first run for one
         row — Triton's autotuning, numba's compilation, the first CUDA graph. The Triton kernels' tuned choices are
@@ -141,120 +135,55 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def generate(
-        self,
-        batch_input_ids,
-        prompt_table=None,
-        prompt_tasks=None,
-        max_new_tokens: int = 64,
-        end_id: int = IM_END_ID,
-        pad_id: int = IM_END_ID,
-        num_beams: int = 1,
-        temperature: float = 1.0,
-        top_k: int = 1,
-        top_p: float = 0.0,
-        length_penalty: float = 1.0,
-        early_stopping=False,
-        random_seed=None,
-        streaming: bool = False,
-        return_dict: bool = False,
-        task_vocab_size=None,
-        repetition_penalty: float = 1.0,
-        stop_words_list=None,
-    ):
-        """Generate for a batch of requests (list of 1-D ids); output_ids [B, beams, max input + max_new_tokens].
-
-        Each row holds the request's ids, then its new tokens (the end_id or stop word that stopped it included), then
-        pad_id. prompt_table, as TensorRT-LLM's Python ModelRunner takes it: [rows, H] (with prompt_tasks "0,0,…" and
-        task_vocab_size) or [tables, rows, H] (task_vocab_size = rows; tasks default to table r for request r, or
-        table 0 when there is one); no block size is fixed at build, unlike the C++ executor's. Greedy is
-        top_k=1 (or top_k=0, top_p=0); otherwise temperature, top_k (0 = off) and top_p sample; repetition_penalty
-        (transformers' rule, over the request's vocabulary ids and its new tokens) applies to both. num_beams > 1 is
-        beam search with transformers' semantics. end_id=-1 never stops; stop_words_list (one list of token-id
-        sequences per request, as TensorRT-LLM takes it) stops a request once its new tokens end with one of them.
-        streaming=True returns a GenerationStream of the same outputs after every step. return_dict=True gives
-        {"output_ids", "sequence_lengths"}. Threads may share the runner: a call waits for the generation running
-        (one at a time holds the KV cache), and is refused while a streaming generation is open.
-        """
-        greedy = check_sampling(temperature, top_k, top_p, length_penalty, random_seed, repetition_penalty)
-        request = check_request(
-            self.build_config,
-            self.vocab_size,
-            self.hidden_size,
-            batch_input_ids,
-            prompt_table,
-            prompt_tasks,
-            task_vocab_size,
-            max_new_tokens,
-            num_beams,
-            end_id,
-            pad_id,
-        )
-        stop_words = check_stop_words(stop_words_list, len(request.ids), self.vocab_size)
-        if num_beams > 1 and not greedy:
-            raise ValueError("beam search picks the best beams, it does not sample: leave top_k=1 with num_beams > 1")
-        if num_beams > 1 and (repetition_penalty != 1.0 or stop_words is not None):
+    def steps(self, request: CheckedRequest, max_new_tokens: int, sampling: SamplingConfig, streaming: bool):
+        """The engine's decoding of a checked request: greedy or sampled, one token a step, or beam search with
+        transformers' semantics; the KV cache holds the batch (one generation at a time)."""
+        if sampling.num_beams > 1 and (sampling.repetition_penalty != 1.0 or request.stop_words is not None):
             raise ValueError(
                 "repetition_penalty and stop_words_list apply to greedy and sampled decoding here, not to "
                 "beam search: leave them out with num_beams > 1"
             )
-        self.turn.begin(streaming)
-        stream = None
-        try:
-            requests = [ids.to(self.device) for ids in request.ids]
-            table = None if request.table is None else request.table.to(self.device)
-            embeds = [self._embed(ids, table, request, r) for r, ids in enumerate(requests)]
-            if num_beams > 1:
-                search = BeamSearch(
-                    len(requests),
-                    num_beams,
-                    max_new_tokens,
-                    end_id,
-                    pad_id,
-                    length_penalty,
-                    early_stopping,
-                    self.device,
-                )
-                steps = self._beam_steps(requests, embeds, search)
-            else:
-                generator = None
-                if random_seed is not None:
-                    generator = torch.Generator(device=self.device).manual_seed(random_seed)
+        requests = [ids.to(self.device) for ids in request.ids]
+        table = None if request.table is None else request.table.to(self.device)
+        embeds = [self._embed(ids, table, request, r) for r, ids in enumerate(requests)]
+        if sampling.num_beams > 1:
+            search = BeamSearch(
+                len(requests),
+                sampling.num_beams,
+                max_new_tokens,
+                sampling.end_id,
+                sampling.pad_id,
+                sampling.length_penalty,
+                sampling.early_stopping,
+                self.device,
+            )
+            return self._beam_steps(requests, embeds, search)
+        generator = None
+        if sampling.random_seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(sampling.random_seed)
 
-                def pick(logits, seen):
-                    if repetition_penalty != 1.0:
-                        logits = penalize_repetition(logits, seen, repetition_penalty)
-                    return sample_tokens(logits, temperature, top_k, top_p, generator)
+        def pick(logits, seen):
+            if seen is not None:
+                logits = penalize_repetition(logits, seen, sampling.repetition_penalty)
+            return sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, generator)
 
-                steps = self._sampling_steps(
-                    requests,
-                    embeds,
-                    max_new_tokens,
-                    end_id,
-                    pad_id,
-                    pick,
-                    stop_words,
-                    track_seen=repetition_penalty != 1.0,
-                )
-            if streaming:
-                stream = GenerationStream(
-                    steps, lambda step: self._outputs(requests, *step, pad_id, max_new_tokens, return_dict), self.turn
-                )
-                return stream
-            last = deque(steps, maxlen=1)[0]  # run every step, keep the last one's outputs
-            return self._outputs(requests, *last, pad_id, max_new_tokens, return_dict)
-        finally:
-            if stream is None:  # else the stream frees the runner when it ends
-                self.turn.end()
+        return self._sampling_steps(
+            requests,
+            embeds,
+            max_new_tokens,
+            sampling.end_id,
+            sampling.pad_id,
+            pick,
+            request.stop_words,
+            track_seen=sampling.repetition_penalty != 1.0,
+        )
 
     def _embed(self, ids, table, request, r: int) -> torch.Tensor:
-        """Embeddings [L, H] of request r: vocabulary rows, and prompt-table rows for its fake ids (its task's block)."""
+        """Embeddings [L, H] of request r: vocabulary rows, and the prompt-table rows its fake ids read."""
         if table is None:
             return self.engine.embed(ids)
-        tasks = torch.tensor(request.tasks[r : r + 1], dtype=torch.int32, device=self.device)
-        return prompt_tuning_embedding(
-            ids[None], self.engine.vocab_embedding, table, tasks, request.task_vocab_size, self.vocab_size
-        )[0]
+        rows = request.rows[r].to(self.device)[None]  # [1, L]: checked by check_request
+        return lookup(ids[None], self.engine.vocab_embedding, table, rows, self.vocab_size)[0]
 
     @torch.inference_mode()
     def _sampling_steps(
@@ -319,18 +248,3 @@ class ModelRunner:
             logits = self.decoder(tokens, pos, kv_bucket(max(lengths) + t + 1, self.max_seq_len))
             pos += 1
         yield search.result()
-
-    def _outputs(self, requests, new_ids, generated, pad_id, max_new_tokens, return_dict):
-        """output_ids [B, beams, max input + max_new_tokens] (ids, new tokens, pad_id) and sequence_lengths [B, beams]."""
-        b, beams = new_ids.shape[:2]
-        width = max(len(ids) for ids in requests) + max_new_tokens
-        output_ids = torch.full((b, beams, width), pad_id, dtype=torch.int32, device=self.device)
-        for r, ids in enumerate(requests):
-            output_ids[r, :, : len(ids)] = ids.to(torch.int32)
-            for j in range(beams):
-                n = int(generated[r, j])
-                output_ids[r, j, len(ids) : len(ids) + n] = new_ids[r, j, :n].to(torch.int32)
-        if not return_dict:
-            return output_ids
-        lengths = torch.tensor([[len(ids)] for ids in requests], device=self.device) + generated
-        return {"output_ids": output_ids, "sequence_lengths": lengths.to(torch.int32)}

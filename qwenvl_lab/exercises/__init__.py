@@ -7,10 +7,11 @@ Each notebook's exercises live in their own module (`nb01`, `nb02`, …), regist
 
 import importlib
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Callable
 
 import torch
+
+from ..checks.values import is_int
 
 NOTEBOOK_MODULES = (
     "nb01",
@@ -56,9 +57,7 @@ REGISTRY: dict[str, Exercise] = {}
 
 def whole_number(answer):
     """`answer` as an int when it is one whole number (an int, a numpy or 0-d torch integer), else None."""
-    if isinstance(answer, bool):
-        return None
-    if isinstance(answer, Integral):
+    if is_int(answer):
         return int(answer)
     if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.dtype.is_floating_point:
         return None if answer.dtype == torch.bool else int(answer)

@@ -7,7 +7,7 @@ import torch
 from ..chat import ModelAsRunner, ask_batch
 from ..limits import BuildConfig
 from ..modeling import QWenVLConfig
-from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
+from ..prompt_table import per_request_tables, prompt_tuning_embedding, rows_read, single_table_batch
 from ..resources import images_dir
 from ..tokenizing import (
     ENDOFTEXT_ID,
@@ -96,24 +96,27 @@ def lookup_cases():
 
 def fake_rows_hint(name, ids, table, tasks, task_vocab_size, vocab_size, got) -> str:
     """What the learner's fake-id embeddings `got` [M, H] read instead of their rows, for case `name`."""
-    fake = ids >= vocab_size  # [B, L]
-    offset = ids - vocab_size  # [B, L]
-    task_rows = (tasks.long() * int(task_vocab_size))[:, None].expand_as(ids)  # [B, L]
+    fake, tasks = ids >= vocab_size, tasks.long()  # [B, L], [B]
+
+    def rows_by(block):  # the rows the fake ids read with tasks of `block` rows each
+        return rows_read(ids, tasks, block, vocab_size)  # [B, L]
+
+    right = rows_by(int(task_vocab_size))
 
     def reads(rows):  # whether `got` is what the fake ids read at `rows`, wherever those rows exist
         rows = rows[fake]
         there = (rows >= 0) & (rows < len(table))
         return bool(there.any()) and torch.equal(got[there], table[rows[there]])
 
-    if reads(offset):
+    if reads(rows_by(0)):
         return (
             f"the fake ids ignore `tasks` ({name}): a sequence whose task is not 0 reads another task's block of rows"
         )
-    if reads(offset + task_rows + 1) or reads(offset + task_rows - 1):
+    if reads(right + 1) or reads(right - 1):
         return f"off by one ({name}): the id vocab_size itself reads the first row of its task's block"
-    if reads(offset + tasks.long()[:, None].expand_as(ids)):
+    if reads(rows_by(1)):
         return f"the task is added as a row count ({name}): each task owns a whole block of task_vocab_size rows"
-    if reads(offset + (tasks.long() * (len(table) // len(tasks)))[:, None].expand_as(ids)):
+    if reads(rows_by(len(table) // len(tasks))):
         return (
             f"the block size was inferred from the table's rows ({name}): a table may hold more rows than its tasks "
             "use (an engine's whole buffer); the block is task_vocab_size"
@@ -178,17 +181,14 @@ def check_row_of_request_1(answer):
     """Row (id − V) + task · task_vocab_size for id 151940, task 1, task_vocab_size 512."""
     fake_id, task, task_vocab_size = 151940, 1, 512
     offset = fake_id - MODEL_VOCAB_SIZE
+    row = int(rows_read(torch.tensor([[fake_id]]), torch.tensor([task]), task_vocab_size, MODEL_VOCAB_SIZE))
     return number_hint(
         answer,
-        offset + task * task_vocab_size,
+        row,
         {
             offset: "that is the row the id reads in request 0's block; request 1's task is 1",
-            offset
-            + task * task_vocab_size
-            + 1: "off by one: the id vocab_size itself reads the first row of the block",
-            offset
-            + task * task_vocab_size
-            - 1: "off by one: the id vocab_size itself reads the first row of the block",
+            row + 1: "off by one: the id vocab_size itself reads the first row of the block",
+            row - 1: "off by one: the id vocab_size itself reads the first row of the block",
             offset + IMG_TOKEN_SPAN: "task_vocab_size is 512 here (a request's share of rows), not 256",
             fake_id: "a fake id is not a row number itself: subtract vocab_size first",
             fake_id - 151643: "vocab_size is the model's 151936, not 151643",
@@ -262,7 +262,7 @@ def check_table_rows(answer):
     session = len(single_table_batch(batch, input_vit, MODEL_VOCAB_SIZE)[1])
     block = INFLIGHT_BUILD.rows_per_request
     _, _, tasks, task_vocab_size = per_request_tables(batch, input_vit, MODEL_VOCAB_SIZE, rows_per_request=block)
-    first = int(tasks[2]) * task_vocab_size
+    first = int(rows_read(torch.tensor([[MODEL_VOCAB_SIZE]]), tasks[2:], task_vocab_size, MODEL_VOCAB_SIZE))
     fullest = 2 * IMG_TOKEN_SPAN
     hint = number_hint(
         session_given,

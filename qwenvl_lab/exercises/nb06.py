@@ -10,10 +10,11 @@ from functools import lru_cache
 import torch
 
 from ..chat import ModelAsRunner, answer_text, make_prompt
-from ..engine import ModelRunner, generate_for_qwenvl, load_engine_vision_tower
+from ..engine import ModelRunner, load_engine_vision_tower
 from ..engine.sampling import filter_logits
 from ..grounding import parse_boxes
 from ..img_pos import locate_img_pos
+from ..infer import generate_for_qwenvl
 from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from ..resources import images_dir
 from ..tokenizing import IM_END_ID, load_tokenizer
@@ -31,8 +32,8 @@ BOX_ANSWER = str(where_is(SAMPLES[BOX_PICTURE], "blue", "square"))  # …and the
 CAPSTONE_CASES = (  # exercise 06.6: one picture, then two pictures in one prompt whose answer needs the second
     (("red_circle.png",), "图片里是什么？"),
     (
-        ("pair_a_yellow_circle_red_triangle.png", "pair_b_blue_square_yellow_circle.png"),
-        "Which picture has a blue square?",
+        ("pair_b_blue_square_yellow_circle.png", "pair_a_yellow_circle_red_triangle.png"),
+        "Which picture has a red triangle?",
     ),
 )
 CAPSTONE_TOKENS = 24
@@ -146,13 +147,13 @@ def check_greedy(my_greedy):
     return None
 
 
-@exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 24 new ids)")
+@exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 40 new ids)")
 def check_end_count(count):
     """The check of exercise 06.2: None when the answer is right, else a hint."""
     if whole_number(count) is None:
         return "answer with an int"
     count = whole_number(count)
-    out = engine_output("red_circle.png", "图片里是什么？", 24)
+    out = engine_output("red_circle.png", "图片里是什么？", 40)
     new = out["output_ids"][0, 0, out["input_len"] :].tolist()
     if count == new.count(IM_END_ID):
         return None

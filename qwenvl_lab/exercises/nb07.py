@@ -3,11 +3,11 @@ logits; and its self-check."""
 
 import copy
 import json
-import numbers
 
 import numpy as np
 import torch
 
+from ..checks.values import is_number
 from ..claims import CLAIMS
 from ..clip import small_clip, what_clip_does
 from ..modeling import QWenVLConfig
@@ -45,7 +45,7 @@ def _number(answer) -> float | None:
     """A real number (Python's or numpy's, a one-element tensor), or None for anything else."""
     if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.dtype.is_complex:
         answer = answer.item()
-    return float(answer) if isinstance(answer, numbers.Real) and not isinstance(answer, bool) else None
+    return float(answer) if is_number(answer) else None
 
 
 def _close(value: float, expected: float) -> bool:

@@ -20,6 +20,7 @@ from ..qwen2_vl import (
 from ..tokenizing import load_tokenizer
 from . import exercise
 from .nb03 import NOT_ATTEMPTED, number_hint, whole_number
+from .selfcheck import Question, right, wrong
 
 V = 50  # the cases' small vocabulary: ids 0 … 49 are text
 PICTURE_SIZE = (896, 448)  # width × height of exercise 09.2's picture
@@ -245,9 +246,7 @@ def check_vision_end_position(answer):
 
 def SELF_CHECK():
     """Notebook 09's self-check; the span length is measured with transformers' image processor."""
-    from transformers import Qwen2VLConfig
-
-    from .selfcheck import Question, right, wrong
+    from transformers import Qwen2VLConfig  # noqa: PLC0415 — transformers' Qwen2-VL loads for this self-check only
 
     grid = image_inputs([Image.new("RGB", (640, 360))])["image_grid_thw"][0]
     tokens, patches = image_token_count(grid), int(grid.prod())

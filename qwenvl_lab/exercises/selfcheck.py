@@ -17,6 +17,9 @@ import pkgutil
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+
+from ..checks.values import is_int
 
 LETTERS = "abcdefgh"  # option labels: (a), (b), …
 
@@ -101,9 +104,8 @@ def problems(questions) -> list[str]:
 
 def notebooks() -> list[str]:
     """The notebooks ("01", "02", …) whose exercise module has a self-check."""
-    from . import __path__ as package_path
-
-    names = sorted(m.name for m in pkgutil.iter_modules(package_path) if m.name[:2] == "nb" and m.name[2:].isdigit())
+    folder = [str(Path(__file__).parent)]
+    names = sorted(m.name for m in pkgutil.iter_modules(folder) if m.name[:2] == "nb" and m.name[2:].isdigit())
     return [name[2:] for name in names if hasattr(importlib.import_module(f"{__package__}.{name}"), "SELF_CHECK")]
 
 
@@ -146,7 +148,7 @@ def _choice_index(question: Question, choice) -> int:
 def grade(notebook: str, number: int, choice) -> Verdict:
     """Grade `choice` (a letter, or the option's text) for question `number` (1, 2, …) of `notebook`'s self-check."""
     bank = questions(notebook)
-    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= len(bank):
+    if not is_int(number) or not 1 <= number <= len(bank):
         raise ValueError(f"notebook {notebook}'s self-check has questions 1 to {len(bank)}, got {number!r}")
     question = bank[number - 1]
     picked = question.choices[_choice_index(question, choice)]
@@ -189,7 +191,7 @@ def show(notebook: str, widgets: bool = True):
     text when `widgets` is False or ipywidgets is missing."""
     bank = questions(notebook)
     try:
-        import ipywidgets
+        import ipywidgets  # noqa: PLC0415 — ipywidgets is the course extra's
     except ImportError:
         widgets = False
     if not widgets:

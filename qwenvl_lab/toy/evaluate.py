@@ -7,7 +7,7 @@ import torch
 
 from ..chat import ModelAsRunner, ask_batch
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
-from . import load_toy_model
+from .course import load_toy_model
 from .shapes import LANGS, QUESTION_KINDS, answer_matches, grounding_score, make_dataset, no_picture
 
 
@@ -69,7 +69,7 @@ def no_picture_accuracy(model, tokenizer, examples, batch_size=32) -> dict:
 
 def main(argv=None):
     """Command line: print accuracy per question kind and language, with the prompt table and zeroed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="qwenvl-lab evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the shipped toy model)")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
+from ..checks.values import is_int, is_number
 from ..grounding import box_answer, iou, to_grid
 from ..grounding import to_list_format as read_list_format
 from ..tokenizing import Query
@@ -88,17 +89,13 @@ def _check_choice(value, allowed, what):
 
 def _check_size(size):
     """Raise a ValueError unless `size` (pixels of a square picture) is an int >= 16."""
-    if not isinstance(size, int) or isinstance(size, bool) or size < 16:
+    if not is_int(size) or size < 16:
         raise ValueError(f"size must be an int >= 16 pixels, got {size!r}")
 
 
 def _check_rgb(rgb, what):
     """Raise unless `rgb` is three ints in 0…255."""
-    if (
-        not isinstance(rgb, tuple)
-        or len(rgb) != 3
-        or not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in rgb)
-    ):
+    if not isinstance(rgb, tuple) or len(rgb) != 3 or not all(is_int(c) and 0 <= c <= 255 for c in rgb):
         raise ValueError(f"{what} must be a tuple of three ints in 0..255, got {rgb!r}")
 
 
@@ -117,7 +114,7 @@ class Shape:
         if self.rgb is not None:
             _check_rgb(self.rgb, "rgb")
         box = tuple(self.box)
-        if len(box) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box):
+        if len(box) != 4 or not all(is_number(v) for v in box):
             raise ValueError(f"box must be 4 numbers (left, top, right, bottom) in [0, 1], got {self.box!r}")
         left, top, right, bottom = box
         if not (0 <= left < right <= 1 and 0 <= top < bottom <= 1):
@@ -229,7 +226,7 @@ def random_scene(rng: random.Random, n_shapes: int | None = None) -> Scene:
     _check_rng(rng)
     if n_shapes is None:
         n_shapes = rng.randint(1, MAX_SHAPES)
-    if not isinstance(n_shapes, int) or isinstance(n_shapes, bool) or not 1 <= n_shapes <= MAX_SHAPES:
+    if not is_int(n_shapes) or not 1 <= n_shapes <= MAX_SHAPES:
         raise ValueError(f"n_shapes must be None or an int in 1..{MAX_SHAPES}, got {n_shapes!r}")
     background = tuple(rng.randint(235, 255) for _ in range(3))
 
@@ -427,9 +424,9 @@ def make_example(rng: random.Random, kind: str, lang: str) -> Example:
 
 def make_dataset(seed: int, n: int, kinds=QUESTION_KINDS, langs=LANGS) -> list[Example]:
     """`n` examples cycling through every (kind, lang) pair, deterministic given `seed`."""
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
     for values, allowed, what in ((kinds, QUESTION_KINDS, "kinds"), (langs, LANGS, "langs")):
         if isinstance(values, str):

@@ -39,8 +39,8 @@ from ..modeling import QWenLMHeadModel, QWenVLConfig
 from ..prompt_table import prompt_tuning_embedding, single_table_batch
 from ..resources import output_dir
 from ..tokenizing import IMAGE_END_ID, IMAGE_START_ID, load_tokenizer
-from . import TOY_CONFIG
 from .batches import BOX_BINS, StepBatches, used_token_ids
+from .course import TOY_CONFIG
 from .evaluate import evaluate
 from .shapes import COLORS, KINDS, MAX_SHAPES
 
@@ -370,7 +370,7 @@ def _loader(dataset, start: int, workers: int, pin: bool):
     )
 
 
-def train(
+def train(  # noqa: PLR0913 — the training command line's options, one argument each
     recipe: Recipe = Recipe(),
     output_dir=None,
     device="cpu",

@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..limits import IMAGE_IDS, dtype_name, prompt_table_size
+from ..checks.tensors import dtype_name
+from ..limits import IMAGE_IDS, prompt_table_size
 from .gpu import GPUStackError, missing_gpu_stack
 from .mpi_world import launcher_free_env
 

@@ -12,7 +12,7 @@ GPU_STACK = {
     "tensorrt": f"tensorrt 10.14.1 ({TENSORRT_PIN}), the one tensorrt_llm {TENSORRT_LLM_VERSION} pins, as a plan loads "
     "only in the TensorRT that built it: it comes with tensorrt_llm (make trtllm-env); pip install -e '.[trtllm]' "
     "gives the same one to this environment",
-    "tensorrt_llm": f"tensorrt_llm {TENSORRT_LLM_VERSION} in its own environment (Python 3.10/3.12, CUDA Toolkit 13.1, "
+    "tensorrt_llm": f"tensorrt_llm {TENSORRT_LLM_VERSION} in its own environment (Python 3.12, CUDA Toolkit 13.1, "
     "libopenmpi, NVIDIA GPU): make trtllm-env, or the steps in docs/tensorrt.md",
     "cuda": "an NVIDIA GPU visible to torch (torch.cuda.is_available() is False here)",
 }

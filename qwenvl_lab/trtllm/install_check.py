@@ -1,8 +1,8 @@
 """What a machine lacks for TensorRT-LLM 1.2.1's pip install, said before pip starts (`make trtllm-env`).
 
 TensorRT-LLM 1.2's Linux install guide (docs/source/installation/linux.md) asks for the CUDA Toolkit 13.1 with
-CUDA_HOME set, `cuda-compat-13-1` where the driver is older, libopenmpi, and Python 3.10 or 3.12 (the wheels'
-versions, PKG-INFO of tensorrt_llm 1.2.1). Standard library only: it runs in a bare Python, before any install.
+CUDA_HOME set, `cuda-compat-13-1` where the driver is older, libopenmpi, and a Python tensorrt_llm 1.2.1 has wheels for
+(3.10 and 3.12, its PKG-INFO) that this package runs on (3.11+): 3.12. Standard library only: it runs in a bare Python, before any install.
 
     python3.12 -m qwenvl_lab.trtllm.install_check            # exit status 1 when something is missing
     python3.12 -m qwenvl_lab.trtllm.install_check --report   # the same lines, exit status 0
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 CUDA_VERSION = (13, 1)  # the CUDA TensorRT-LLM 1.2.1's wheels are built with
-PYTHONS = ((3, 10), (3, 12))  # the Pythons tensorrt_llm 1.2.1 has wheels for
+PYTHONS = ((3, 12),)  # of tensorrt_llm 1.2.1's wheels (3.10, 3.12), the one this package runs on (3.11+)
 GUIDE = "docs/tensorrt.md"
 
 
@@ -42,8 +42,8 @@ def install_problems(env=None, find_library=ctypes.util.find_library, python=sys
     problems = []
     if tuple(python) not in PYTHONS:
         problems.append(
-            f"Python {python[0]}.{python[1]}: tensorrt_llm 1.2.1 has wheels for Python 3.10 and 3.12 only; "
-            "name one, e.g. make trtllm-env TRT_PYTHON=python3.12"
+            f"Python {python[0]}.{python[1]}: tensorrt_llm 1.2.1 has wheels for Python 3.10 and 3.12 only, and this package "
+            "needs 3.11 or later: use 3.12, e.g. make trtllm-env TRT_PYTHON=python3.12"
         )
     cuda_home = env.get("CUDA_HOME", "")
     nvcc = None

@@ -66,7 +66,7 @@ def mpi_world() -> MpiWorld:
     a world of several processes without tensorrt_llm is refused rather than run N times over the same files.
     """
     if importlib.util.find_spec("tensorrt_llm") is not None:
-        import tensorrt_llm
+        import tensorrt_llm  # noqa: PLC0415 — optional: GPU machines
 
         return MpiWorld(tensorrt_llm.mpi_rank(), tensorrt_llm.mpi_world_size(), tensorrt_llm.mpi_comm())
     size = launcher_world_size()

@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 from .. import chat
+from ..checks.tensors import dtype_name
 from ..files import field, read_json
-from ..limits import BuildConfig, dtype_name
+from ..limits import BuildConfig
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .build_command import run_trtllm_build, trtllm_build_command
 from .gpu import GPUStackError
@@ -63,9 +64,9 @@ def prepare(
     saves our PyTorch model's greedy answer for the GPU stage.
     """
     # the model code needs transformers 5, absent from the TensorRT-LLM environment that runs the GPU stage
-    from ..unified_checkpoint import convert_to_trtllm_checkpoint
-    from .fp16 import to_float16_onnx
-    from .onnx_export import export_visual_onnx
+    from ..unified_checkpoint import convert_to_trtllm_checkpoint  # noqa: PLC0415 — the course environment only
+    from .fp16 import to_float16_onnx  # noqa: PLC0415 — onnx: the course environment
+    from .onnx_export import export_visual_onnx  # noqa: PLC0415 — the model: the course environment
 
     workdir = Path(workdir)
     build_config = default_build_config() if build_config is None else build_config
@@ -92,7 +93,7 @@ def prepare(
 
 def pytorch_answer(checkpoint, image, question: str, max_new_tokens: int) -> str:
     """Greedy answer of our PyTorch model, the original Qwen-VL way (it reads the picture itself)."""
-    from ..checkpoint import load_checkpoint  # transformers 5: the course environment only
+    from ..checkpoint import load_checkpoint  # noqa: PLC0415 — transformers 5: the course environment only
 
     tokenizer, model = load_tokenizer(checkpoint), load_checkpoint(checkpoint)
     return chat.ask(chat.ModelAsRunner(model), None, tokenizer, [str(image)], question, max_new_tokens=max_new_tokens)[
@@ -113,7 +114,7 @@ def checkpoint_mapping(workdir) -> tuple[int, int]:
     return field(mapping, "tp_size", "int", config_file, fix), mapping.get("pp_size", 1)
 
 
-def run_gpu_steps(
+def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one argument each
     checkpoint,
     image,
     question: str,
@@ -168,7 +169,7 @@ def run_gpu_steps(
 
 def main(argv=None) -> int:
     """The command line; exit status 3 when it stops at a GPU step on a machine without the TensorRT stack."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.trtllm.pipeline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="qwenvl-lab trtllm", description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a Qwen-VL checkpoint directory (the course's)")
     parser.add_argument("--image", required=True, help="a picture file")
     parser.add_argument("--question", default="图片里是什么？")

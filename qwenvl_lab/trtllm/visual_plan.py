@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from ..checks.values import is_int
 from ..vision import preprocess_images
 from .gpu import require_gpu_stack
 from .vision_graph import INPUT_NAME, OUTPUT_NAME, onnx_image_size
@@ -20,7 +21,7 @@ from .vision_graph import INPUT_NAME, OUTPUT_NAME, onnx_image_size
 def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
     """Raise unless 1 <= min_batch <= opt_batch <= max_batch (integers)."""
     values = (min_batch, opt_batch, max_batch)
-    integers = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    integers = all(is_int(v) for v in values)
     if not integers or not 1 <= min_batch <= opt_batch <= max_batch:
         raise ValueError(f"the batch profile needs integers 1 <= min_batch <= opt_batch <= max_batch, got {values}")
 
@@ -54,7 +55,7 @@ def build_visual_plan(
             "strongly_typed off to build with TensorRT's FP16 flag"
         )
     require_gpu_stack("tensorrt", "cuda", step="build_visual_plan")
-    import tensorrt as trt
+    import tensorrt as trt  # noqa: PLC0415 — optional: GPU machines
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -88,7 +89,7 @@ class TRTVisualEncoder:
         if not plan_path.is_file():
             raise FileNotFoundError(f"plan file not found: {str(plan_path)!r}; make it with build_visual_plan")
         require_gpu_stack("tensorrt", "cuda", step="TRTVisualEncoder")
-        import tensorrt as trt
+        import tensorrt as trt  # noqa: PLC0415 — optional: GPU machines
 
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(plan_path.read_bytes())

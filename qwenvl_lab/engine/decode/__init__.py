@@ -21,6 +21,8 @@ import importlib.util
 
 import torch
 
+from ...checks.values import check_choice
+
 BACKENDS = ("torch", "numba", "triton")
 FAST_PATH = {"cpu": "numba", "cuda": "triton"}  # the one fast back end of each device type
 _MODULES = {
@@ -47,12 +49,12 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def decode_backend(name: str, device, dtype: torch.dtype, cuda_graphs: bool = False) -> type:
+def backend_class(name: str, device, dtype: torch.dtype, cuda_graphs: bool = False) -> type:
     """The class of back end `name` for an engine of `dtype` on `device` (CUDA graphs or not); refuse a back end or
     CUDA graphs that cannot run here, saying why and what to choose instead."""
     device = torch.device(device)
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    check_choice("backend", name, BACKENDS)
+    check_choice("cuda_graphs", cuda_graphs, (False, True))
     if cuda_graphs and device.type != "cuda":
         raise ValueError(f"CUDA graphs need device='cuda', not {device.type!r}: leave cuda_graphs=False")
     if name == "numba":

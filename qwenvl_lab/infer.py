@@ -1,18 +1,22 @@
-"""Notebook 06 — run.py's `generate_for_qwenvl` and `QWenInfer.qwen_infer` on the package's engine."""
+"""Notebook 06 — TensorRT-LLM's run.py on any runner: `generate_for_qwenvl`, and `QWenInfer` over the package's engine.
+
+run.py's QWenInfer holds a tokenizer, the vision part and a runner, and `qwen_infer` answers a question about pictures
+(`chat.ask`, the answer path every runner shares); `generate_for_qwenvl` is its step 5.
+"""
 
 import warnings
 
 import torch
 
-from .. import chat
-from ..requests import as_id_list
-from ..tokenizing import IM_END_ID, load_tokenizer
-from .build import load_engine_vision_tower
-from .runner import ModelRunner
+from . import chat
+from .checks.tensors import as_id_list
+from .checks.values import check_int
+from .engine import ModelRunner, load_engine_vision_tower
+from .tokenizing import IM_END_ID, load_tokenizer
 
 
 def generate_for_qwenvl(
-    runner: ModelRunner,
+    runner,
     input_ids,
     max_new_tokens: int,
     prompt_table=None,
@@ -23,8 +27,7 @@ def generate_for_qwenvl(
 ) -> torch.Tensor:
     """run.py's step 5: clamp max_new_tokens to what max_seq_len leaves (with a warning), then decode: output_ids."""
     batch = as_id_list(input_ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise TypeError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     longest = max(len(ids) for ids in batch)
     room = runner.max_seq_len - longest
     if room < 1:
@@ -53,7 +56,7 @@ def generate_for_qwenvl(
 
 
 class QWenInfer:
-    """run.py's QWenInfer on this engine: tokenizer, vision part and ModelRunner; `qwen_infer` answers a question."""
+    """run.py's QWenInfer on this package's engine: tokenizer, vision part and ModelRunner; `qwen_infer` answers."""
 
     def __init__(self, runner: ModelRunner, vision=None, tokenizer=None, verify: str = "full"):
         if vision is None and runner.engine_dir is None:
@@ -65,19 +68,17 @@ class QWenInfer:
         self.tokenizer = load_tokenizer(runner.engine_dir) if tokenizer is None else tokenizer
 
     @classmethod
-    def from_dir(
-        cls, engine_dir, device="cpu", backend: str = "torch", cuda_graphs: bool = False, verify: str = "full"
-    ) -> "QWenInfer":
-        """The engine directory's runner (decode `backend` and `cuda_graphs` as in ModelRunner), vision part and
-        tokenizer (its qwen.tiktoken, else the package's), every file checked once against the manifest (`verify` as
-        in ModelRunner.from_dir)."""
-        runner = ModelRunner.from_dir(engine_dir, device, backend, cuda_graphs, verify=verify)
+    def from_dir(cls, engine_dir, device="cpu", verify: str = "full", **runner_options) -> "QWenInfer":
+        """The engine directory's runner, vision part and tokenizer (its qwen.tiktoken, else the package's), every file
+        checked once against the manifest (`verify` and `runner_options`, such as the decode `backend` and
+        `cuda_graphs`, as in ModelRunner.from_dir)."""
+        runner = ModelRunner.from_dir(engine_dir, device=device, verify=verify, **runner_options)
         return cls(runner, verify="none")  # its vision files were just checked with the rest
 
     def qwen_infer(
         self, images, question: str, history=None, max_new_tokens: int = 64, system: str = chat.SYSTEM, **sampling
     ) -> tuple[str, list]:
-        """Answer `question` about `images` (paths, may be empty) after `history`: (response, new history)."""
+        """Answer `question` about `images` (paths or images, may be empty) after `history`: (response, new history)."""
         return chat.ask(
             self.runner, self.vision, self.tokenizer, images, question, history, system, max_new_tokens, **sampling
         )

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwenvl_lab.engine import ModelRunner, QWenInfer
+from qwenvl_lab.engine import BuildConfig, ModelRunner
+from qwenvl_lab.infer import QWenInfer
 from qwenvl_lab.tokenizing import IM_END_ID, make_context
 
 NEW_TOKENS = 5
@@ -71,7 +72,6 @@ def test_beam_search_answer(infer, tiny_model, tokenizer, image_files):
 
 
 def test_needs_a_vision_part(tiny_model):
-    from qwenvl_lab.engine import BuildConfig
 
     runner = ModelRunner.from_model(tiny_model, BuildConfig(max_input_len=64, max_seq_len=64))
     with pytest.raises(ValueError, match="give the vision tower"):

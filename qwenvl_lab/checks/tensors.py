@@ -1,0 +1,396 @@
+"""Checks of what is handed over as tensors: token ids, tasks, dtypes, prompt tables, image spans, finite values.
+
+Each raises a TypeError for a value of the wrong kind and a ValueError for a value out of its range, with what was
+wrong and what to do; each returns what it checked in the form the rule then uses.
+"""
+
+import numpy as np
+import torch
+
+from .values import check_int, is_int
+
+INT32_MAX = torch.iinfo(torch.int32).max  # TensorRT-LLM keeps tasks and task_vocab_size as int32
+INT64_MAX = torch.iinfo(torch.int64).max
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# token ids
+
+
+def as_int_tensor(values, name: str = "input_ids") -> torch.Tensor:
+    """An int64 tensor from a tensor, numpy array or (nested) list of ints; `name` says what they are in errors."""
+    if isinstance(values, torch.Tensor):
+        if values.numel() == 0:
+            return values.long()  # torch.tensor([]) is float32
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got dtype {values.dtype}")
+        if values.dtype == torch.uint64 and int(values.max()) > INT64_MAX:
+            raise ValueError(f"{name} hold {int(values.max())}, past the largest int64 {INT64_MAX}")
+        return values.long()
+    if not isinstance(values, (list, tuple, range, np.ndarray)):
+        raise TypeError(
+            f"{name} must be a torch tensor, a numpy array or a (nested) list of ints, got {type(values).__name__}"
+        )
+    try:
+        array = np.asarray(values)
+    except ValueError:
+        raise ValueError(f"the rows of {name} have different lengths: pad them to one length") from None
+    if array.size == 0 and array.dtype.kind == "f":
+        array = array.astype(np.int64)  # [] and [[]] hold nothing, whatever numpy guesses
+    if array.dtype.kind == "O" and all(is_int(i) for i in array.flat):
+        outside = [int(i) for i in array.flat if not -INT64_MAX - 1 <= i <= INT64_MAX]
+        if outside:
+            raise ValueError(f"{name} hold {outside[0]}, outside int64 (token ids and positions are below 2**63)")
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        example = f" (e.g. {array.flat[0]!r})" if array.size else ""
+        raise TypeError(f"{name} must hold integers, got numpy dtype {array.dtype}{example}")
+    if array.dtype.kind == "u" and array.size and int(array.max()) > INT64_MAX:
+        raise ValueError(f"{name} hold {int(array.max())}, past the largest int64 {INT64_MAX}")
+    return torch.from_numpy(array.astype(np.int64))
+
+
+def as_batch(input_ids) -> torch.Tensor:
+    """`input_ids` as a 2-D int64 tensor [B, L] (a single sequence becomes a batch of one)."""
+    ids = as_int_tensor(input_ids, "input_ids")
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be [L] or [B, L], got shape {tuple(ids.shape)}")
+    return ids
+
+
+def check_token_ids(ids: torch.Tensor, request: str) -> None:
+    """Refuse a negative id in `ids` (one request [L], or a batch [B, L]), naming its position."""
+    negative = torch.nonzero(ids < 0)
+    if len(negative):
+        where = tuple(int(i) for i in negative[0])
+        raise ValueError(
+            f"{request}: token ids must be non-negative, got {int(ids[where])} at position "
+            f"{where[-1] if len(where) == 1 else where}"
+        )
+
+
+def as_id_list(batch_input_ids) -> list[torch.Tensor]:
+    """TensorRT-LLM's batch_input_ids as a list of 1-D int64 tensors, one per request (a [B, L] tensor split by row),
+    each non-empty with ids >= 0."""
+    if isinstance(batch_input_ids, torch.Tensor):
+        batch_input_ids = list(batch_input_ids) if batch_input_ids.dim() == 2 else [batch_input_ids]
+    if not isinstance(batch_input_ids, (list, tuple)) or not batch_input_ids:
+        raise ValueError("batch_input_ids must be a non-empty list of 1-D token-id tensors, one per request")
+    ids = []
+    for i, seq in enumerate(batch_input_ids):
+        seq = as_int_tensor(seq, f"request {i}")
+        if seq.dim() != 1 or seq.numel() == 0:
+            raise ValueError(f"request {i}: expected a non-empty 1-D tensor of token ids, got shape {tuple(seq.shape)}")
+        check_token_ids(seq, f"request {i}")
+        ids.append(seq)
+    return ids
+
+
+def one_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An int given as a Python/numpy int or a one-element integer tensor or array (run.py passes task_vocab_size as
+    a tensor [1])."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        values = as_int_tensor(value, name).reshape(-1)
+        if values.numel() != 1:
+            raise ValueError(f"{name} must be one int, got {values.numel()} values")
+        value = int(values[0])
+    return check_int(name, value, minimum, maximum)
+
+
+# dtypes
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    """A torch.dtype from "float16"/"bfloat16"/"float32" or a torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(dtype, str):
+        raise TypeError(f"dtype must be one of {sorted(DTYPES)} or a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or a torch.dtype")
+    return DTYPES[dtype]
+
+
+def dtype_name(dtype) -> str:
+    """ "float16"/"bfloat16"/"float32" for a dtype given as that name or as one of those torch.dtypes."""
+    names = {v: k for k, v in DTYPES.items()}
+    if isinstance(dtype, torch.dtype) and dtype in names:
+        return names[dtype]
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
+    raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or the torch.dtype), got {dtype!r}")
+
+
+# tasks
+
+
+def parse_tasks(tasks, batch_size: int | None, name: str = "tasks", num_tables: int | None = None) -> list[int]:
+    """Task ids from run.py's "0,1,…" or a sequence / tensor of ints: one per request (`batch_size` of them unless
+    None), each >= 0 (and naming one of `num_tables` tables when given)."""
+    if isinstance(tasks, str):
+        try:
+            values = [int(t) for t in tasks.split(",")]
+        except ValueError:
+            raise ValueError(f'{name} must be a comma-separated list of integers like "0,1", got {tasks!r}') from None
+    else:
+        values = as_int_tensor(tasks if isinstance(tasks, (torch.Tensor, np.ndarray, list, tuple)) else [tasks], name)
+        values = values.reshape(-1).tolist()
+    if batch_size is not None and len(values) != batch_size:
+        raise ValueError(f"{len(values)} {name} for {batch_size} requests: give one task per request")
+    if num_tables is not None and any(not 0 <= t < num_tables for t in values):
+        raise ValueError(f"{name} {values} must each name one of the {num_tables} tables (0…{num_tables - 1})")
+    if any(not 0 <= t <= INT32_MAX for t in values):
+        raise ValueError(
+            f"{name} must be in [0, {INT32_MAX}] (a task selects a block of table rows; TensorRT-LLM keeps them as "
+            f"int32), got {values}"
+        )
+    return values
+
+
+# finite values
+
+
+def first_non_finite(values: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first NaN or ±inf in `values`, or None when all are finite."""
+    if bool(torch.isfinite(values.sum())):  # a NaN or inf makes the sum non-finite; an overflow is checked below
+        return None
+    bad = ~torch.isfinite(values)
+    return tuple(int(i) for i in bad.nonzero()[0]) if bool(bad.any()) else None
+
+
+def check_finite(values: torch.Tensor, where, fix: str) -> None:
+    """Refuse NaN or ±inf in `values`: `where(index)` names the first such value, `fix` says what to do."""
+    bad = first_non_finite(values)
+    if bad is not None:
+        raise ValueError(f"{where(bad)} holds NaN or infinite values: {fix}")
+
+
+# image spans and fake ids
+
+
+def check_image_spans(input_ids, image_start_id: int, span: int) -> torch.Tensor:
+    """`input_ids` as a batch [B, L] in which every `<img>` (image_start_id) is closed by `</img>` (image_start_id + 1)
+    exactly `span` ids later, before the next `<img>`, in the same row."""
+    input_ids = as_batch(input_ids)
+    image_start_id = check_int("image_start_id", image_start_id, 0, INT64_MAX - 1)
+    span = check_int("span", span, 0)
+    tags = (input_ids == image_start_id) | (input_ids == image_start_id + 1)
+    for row, positions in enumerate(tags.tolist()):
+        found = [(k, int(input_ids[row, k]) == image_start_id) for k, tag in enumerate(positions) if tag]
+        starts, ends = sum(opens for _, opens in found), sum(not opens for _, opens in found)
+        if starts != ends:
+            raise ValueError(
+                f"row {row}: {starts} <img> (id {image_start_id}) but {ends} </img> (id {image_start_id + 1}); every "
+                "image span needs both tags — build prompts with tokenizer.from_list_format([{'image': path}, …]) "
+                "instead of editing ids by hand"
+            )
+        for (a, a_opens), (b, b_opens) in zip(found[::2], found[1::2]):
+            if not a_opens or b_opens:
+                raise ValueError(
+                    f"row {row}: image tags are unbalanced or nested near positions {a} and {b}; each <img> must be "
+                    "closed by </img> before the next <img>"
+                )
+            if b - a - 1 != span:
+                raise ValueError(
+                    f"row {row}: the image span <img>@{a} … </img>@{b} holds {b - a - 1} ids, but a span holds exactly "
+                    f"{span} here, one per row of its picture's features (Qwen-VL's: 256, path bytes padded with <imgpad>)"
+                )
+    return input_ids
+
+
+def check_fake_id_counts(vocab_size, num_images, tokens_per_image) -> None:
+    """Refuse counts that make no fake ids: vocab_size > 0, num_images >= 0, tokens_per_image > 0, ids within int64."""
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    num_images = check_int("num_images", num_images, 0)
+    tokens_per_image = check_int("tokens_per_image", tokens_per_image, 1)
+    if vocab_size + num_images * tokens_per_image - 1 > INT64_MAX:
+        raise ValueError(
+            f"fake prompt ids from {vocab_size} for {num_images} images of {tokens_per_image} ids pass the "
+            f"largest int64 id {INT64_MAX}"
+        )
+
+
+def check_span_replacement(input_ids, img_pos, fake_prompt_id) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids [B, L], img_pos [N, 3], fake_prompt_id [N, span]) once each image k's span (i, a, b) lies inside the
+    ids, overlaps no other and holds exactly one row of fake ids."""
+    input_ids = as_batch(input_ids)
+    img_pos = as_int_tensor(img_pos, "img_pos")
+    if img_pos.numel() == 0:
+        img_pos = img_pos.reshape(0, 3)
+    if img_pos.dim() == 1 and img_pos.shape[0] == 3:
+        img_pos = img_pos[None]  # one image
+    if img_pos.dim() != 2 or img_pos.shape[1] != 3:
+        raise ValueError(
+            f"img_pos must be [N, 3] (batch row, <img> index, </img> index), got shape {tuple(img_pos.shape)}; "
+            "make it with locate_img_pos"
+        )
+    fake_prompt_id = as_int_tensor(fake_prompt_id, "fake_prompt_id")
+    if fake_prompt_id.dim() != 2:
+        raise ValueError(
+            f"fake_prompt_id must be [N, 256] (one row per image), got shape {tuple(fake_prompt_id.shape)}; "
+            "make it with make_fake_prompt_ids"
+        )
+    if img_pos.shape[0] != fake_prompt_id.shape[0]:
+        raise ValueError(
+            f"{img_pos.shape[0]} image spans in img_pos but {fake_prompt_id.shape[0]} rows of fake_prompt_id; "
+            "make one row of fake ids per image"
+        )
+    batch, length = input_ids.shape
+    previous = {}  # batch row → end of its last span
+    for k, (i, a, b) in sorted(enumerate(img_pos.tolist()), key=lambda item: item[1]):
+        if not (0 <= i < batch and 0 <= a < b < length):
+            raise ValueError(
+                f"image {k}: img_pos ({i}, {a}, {b}) lies outside input_ids of shape {(batch, length)}; "
+                "make img_pos with locate_img_pos from these ids"
+            )
+        if a <= previous.get(i, -1):
+            raise ValueError(f"image {k}: span {a}…{b} in row {i} overlaps the span before it; spans must not overlap")
+        if b - a - 1 != fake_prompt_id.shape[1]:
+            raise ValueError(
+                f"image {k}: span {a}…{b} holds {b - a - 1} ids but fake_prompt_id rows hold {fake_prompt_id.shape[1]}"
+            )
+        previous[i] = b
+    return input_ids, img_pos, fake_prompt_id
+
+
+# image features and prompt tables
+
+
+def check_features_shape(input_vit) -> None:
+    """Refuse `input_vit` unless it is a tensor [N, rows, H]: one block of feature rows per picture."""
+    if not isinstance(input_vit, torch.Tensor):
+        raise TypeError(
+            f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), got {type(input_vit).__name__}"
+        )
+    if input_vit.dim() != 3:
+        raise ValueError(
+            f"input_vit must be [N, 256, H], one block of feature rows per picture, got shape {tuple(input_vit.shape)}"
+        )
+
+
+def check_image_count(img_pos: torch.Tensor, input_vit) -> None:
+    """Refuse ids holding a different number of image spans than `input_vit` [N, 256, H] has images."""
+    if not isinstance(input_vit, torch.Tensor):
+        raise TypeError(
+            f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), got {type(input_vit).__name__}"
+        )
+    if input_vit.dim() != 3 or img_pos.shape[0] != input_vit.shape[0]:
+        raise ValueError(
+            f"the ids hold {img_pos.shape[0]} image spans but input_vit has shape {tuple(input_vit.shape)}; "
+            "give one [256, H] feature block per image, in order"
+        )
+
+
+def check_features(input_vit, hidden_size: int, dtype: torch.dtype) -> None:
+    """Refuse `input_vit` unless it is floating-point [N, rows, hidden_size], finite, and finite once cast to `dtype`."""
+    if not isinstance(input_vit, torch.Tensor):
+        raise TypeError(
+            f"prompt_table must be input_vit, a torch.Tensor [N, 256, H], or None; got {type(input_vit).__name__}"
+        )
+    if input_vit.dim() != 3:
+        raise ValueError(f"prompt_table must be input_vit [N, 256, H], got shape {tuple(input_vit.shape)}")
+    if not input_vit.dtype.is_floating_point:
+        raise TypeError(
+            f"input_vit must hold floating-point features (the vision tower's output), got dtype {input_vit.dtype}"
+        )
+    if input_vit.shape[2] != hidden_size:
+        raise ValueError(
+            f"prompt table hidden size {input_vit.shape[2]} != model hidden_size {hidden_size}; "
+            "the vision tower's output_dim must equal the language model's hidden_size"
+        )
+    check_finite(
+        input_vit,
+        lambda k: f"input_vit image {k[0]} (its query {k[1]}, feature {k[2]})",
+        "the vision tower gave them for that picture; check its weights and dtype",
+    )
+    bad = first_non_finite(input_vit.to(dtype))
+    if bad is not None:
+        raise ValueError(
+            f"input_vit image {bad[0]} holds {float(input_vit[bad]):g} at query {bad[1]}, feature {bad[2]}, which "
+            f"{dtype} cannot hold (it becomes inf); use a wider dtype (float32 or bfloat16) or check the vision tower"
+        )
+
+
+def check_rows_per_request(most_images: int, span: int, rows_per_request) -> int:
+    """The table rows each request gets: `rows_per_request` when the fullest request's `most_images` pictures of
+    `span` rows fit in it; left out (None), just those rows."""
+    needed = most_images * span
+    rows_per_request = needed if rows_per_request is None else check_int("rows_per_request", rows_per_request, 0)
+    if needed > rows_per_request:
+        raise ValueError(
+            f"a request has {most_images} images = {needed} table rows, but each request may hold only "
+            f"{rows_per_request} (max_prompt_embedding_table_size / max_batch_size); send fewer images per request"
+        )
+    return rows_per_request
+
+
+def check_runtime_table(prompt_table, hidden_size: int, dtype) -> torch.Tensor:
+    """A table handed to a runner: [rows, H] or [tables, rows, H], H the engine's hidden size, in the engine dtype."""
+    if not isinstance(prompt_table, torch.Tensor):
+        raise TypeError(f"prompt_table must be a torch.Tensor (or a .npy path), got {type(prompt_table).__name__}")
+    if prompt_table.dim() not in (2, 3) or prompt_table.shape[-1] != hidden_size:
+        raise ValueError(
+            f"prompt_table must be [rows, {hidden_size}] (with task_vocab_size) or [tables, rows, {hidden_size}] "
+            f"(one table per task), {hidden_size} being the engine's hidden size; got {tuple(prompt_table.shape)}"
+        )
+    if prompt_table.dtype != to_torch_dtype(dtype):
+        raise TypeError(
+            f"prompt_table is {prompt_table.dtype} but the engine runs in {to_torch_dtype(dtype)}: cast it "
+            "(ptuning_setup(input_vit, dtype=…, …) does)"
+        )
+    return prompt_table
+
+
+def check_lookup_inputs(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
+    """(input_ids [B, L], tasks [B] int64, task_vocab_size int) for the prompt-table lookup, once the embeddings and
+    the table are floating-point of one width and dtype, the ids non-negative, one task per sequence."""
+    input_ids = as_batch(input_ids)  # [B, L]
+    for name, value in (("vocab_embedding", vocab_embedding), ("prompt_table", prompt_table)):
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            raise TypeError(
+                f"{name} must be a floating-point torch.Tensor, got "
+                f"{value.dtype if isinstance(value, torch.Tensor) else type(value).__name__}"
+            )
+    if vocab_embedding.dim() != 2:
+        raise ValueError(f"vocab_embedding must be [vocab rows, H], got shape {tuple(vocab_embedding.shape)}")
+    hidden = vocab_embedding.shape[1]
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    if vocab_size > vocab_embedding.shape[0]:
+        raise ValueError(f"vocab_size {vocab_size} exceeds the {vocab_embedding.shape[0]} rows of vocab_embedding")
+    if prompt_table.dim() != 2 or prompt_table.shape[1] != hidden:
+        raise ValueError(
+            f"prompt_table must be [rows, {hidden}] (the model's hidden size), got {tuple(prompt_table.shape)}"
+        )
+    if prompt_table.dtype != vocab_embedding.dtype:
+        raise TypeError(
+            f"prompt_table dtype {prompt_table.dtype} != model dtype {vocab_embedding.dtype}; cast it with "
+            "ptuning_setup(…, dtype)"
+        )
+    for b, ids in enumerate(input_ids):
+        check_token_ids(ids, f"request {b}")
+    tasks = torch.tensor(parse_tasks(tasks, input_ids.shape[0]), device=input_ids.device)  # [B]
+    task_vocab_size = one_int(task_vocab_size, "task_vocab_size", 0, INT32_MAX)
+    return input_ids, tasks, task_vocab_size
+
+
+def check_rows_read(request: int, ids, rows, vocab_size: int, table: torch.Tensor, end: int, where: str) -> None:
+    """Refuse a fake id of request `request` (ids [L], fake where >= vocab_size) whose table row (rows [L]) lies at or
+    past `end`, the rows its task may read (`where` says which they are), or holds NaN or ±inf."""
+    fake = torch.nonzero(ids >= vocab_size)[:, 0]  # positions of the fake ids
+    past = torch.nonzero((ids[fake] - vocab_size >= end) | (rows[fake] >= end))  # the first test: rows past int64
+    if len(past):
+        k = int(fake[past[0]])
+        raise ValueError(
+            f"request {request}: id {int(ids[k])} at position {k} reads prompt-table row {int(rows[k])}, but {where}; "
+            "ids must lie in [0, vocab_size + table rows)"
+        )
+    check_finite(
+        table[rows[fake]],
+        lambda n: (
+            f"request {request}: prompt-table row {int(rows[fake[n[0]]])} (read by id {int(ids[fake[n[0]]])} "
+            f"at position {int(fake[n[0]])})"
+        ),
+        "rebuild the table from finite image features (ptuning_setup refuses non-finite input_vit)",
+    )

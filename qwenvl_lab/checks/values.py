@@ -1,0 +1,61 @@
+"""Checks of plain Python values: an int is an int and not a bool, a number is finite and in its range."""
+
+import math
+import numbers
+import warnings
+
+
+def is_int(value) -> bool:
+    """True for an integer (Python's or numpy's) that is not a bool (bool is an int subclass: True would pass as 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """True for a real number (int or float, Python's or numpy's) that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` as an int: a TypeError for a non-integer (bool, float, str …), a ValueError outside [minimum, maximum]."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = (
+            f">= {minimum}" if maximum is None else f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
+        )
+        raise ValueError(f"{name} must be an int {bounds}, got {value}")
+    return int(value)
+
+
+def check_number(name: str, value, minimum: float = -math.inf, maximum: float = math.inf, open_minimum=False) -> float:
+    """A finite real `value` in its range: a TypeError for a non-number (bool, str …), a ValueError outside it."""
+    if not is_number(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum) or value > maximum:
+        low = f"{'>' if open_minimum else '>='} {minimum:g}"
+        bounds = f"{low} and <= {maximum:g}" if maximum < math.inf else low
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices):
+    """`value` if it is one of `choices` (compared by equality and type, so True is not 1), else a ValueError."""
+    if not any(value == c and type(value) is type(c) for c in choices):
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def check_model_limits(build_config, max_position_embeddings: int, seq_length: int) -> None:
+    """Raise when a BuildConfig's max_seq_len does not fit the model; warn past seq_length, where Qwen-VL's dynamic NTK
+    would start."""
+    if build_config.max_seq_len > max_position_embeddings:
+        raise ValueError(
+            f"max_seq_len {build_config.max_seq_len} exceeds the model's max_position_embeddings {max_position_embeddings}"
+        )
+    if build_config.max_seq_len > seq_length:
+        warnings.warn(
+            f"max_seq_len {build_config.max_seq_len} > seq_length {seq_length}: past that length Qwen-VL applies "
+            "dynamic NTK and logn attention, which this engine (like TensorRT-LLM) does not, so long answers differ "
+            "from the original model",
+            stacklevel=3,
+        )

@@ -1,0 +1,114 @@
+"""`python -m qwenvl_lab.website` — the course as a website: Jupyter Book 1.x builds the README, the notebooks with
+their stored outputs (nothing is executed) and docs/ into build/site/_build/html (`make site`).
+
+Jupyter Book 1.x (Sphinx) builds offline; 2.x (the MyST engine) fetches its site template from api.mystmd.org at
+build time. A notebook's "launch" button opens the learner's copy on Binder (lab/tree/my-notebooks/…, which the
+repository's `start` makes), for the GitHub repository named by --repository or the clone's `origin` remote.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from .resources import checkout_dir
+
+SITE = Path("docs") / "site"  # _config.yml, _toc.yml and the site's own pages, in the clone
+OUTPUT = Path("build") / "site"
+GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
+# folders the course's markdown links to, and the page that stands for each on the site
+FOLDER_PAGES = {"notebooks/solutions": "docs/site/solutions.html"}
+COURSE_LAUNCH = re.compile(r"(urlpath=lab/tree/)notebooks/(\d\d_[\w-]+\.ipynb)")
+
+
+def github_repository(root: Path, given: str | None = None) -> str | None:
+    """'owner/name' of the course's GitHub repository: `given` (a URL or owner/name), else the clone's origin."""
+    if given is None:
+        found = subprocess.run(["git", "remote", "get-url", "origin"], cwd=root, capture_output=True, text=True)
+        given = found.stdout.strip() if found.returncode == 0 else ""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", given or ""):
+        return given
+    match = GITHUB.match(given or "")
+    return match.group(1) if match else None
+
+
+def site_config(root: Path, repository: str | None, branch: str) -> str:
+    """docs/site/_config.yml with the repository's address for the launch and repository buttons."""
+    config = (root / SITE / "_config.yml").read_text(encoding="utf-8")
+    if repository is None:  # Jupyter Book refuses a repository button without a repository
+        return config.replace("use_repository_button: true", "use_repository_button: false")
+    return config + f"repository:\n  url: https://github.com/{repository}\n  branch: {branch}\n"
+
+
+def fix_links(html: str, page: str) -> str:
+    """A built page with the launch buttons opening the learner's copy (my-notebooks/) and links to a folder of the
+    repository pointing at the page that stands for it (`page`: the page's path in the site)."""
+    html = COURSE_LAUNCH.sub(r"\1my-notebooks/\2", html)
+    up = "../" * page.count("/")
+    for folder, target in FOLDER_PAGES.items():
+        for link in {folder, os.path.relpath(folder, os.path.dirname(page) or ".")}:
+            html = html.replace(f'href="#{link}/"', f'href="{up}{target}"')
+    return html
+
+
+def build(root: Path, repository: str | None, branch: str = "main", output: Path | None = None) -> Path:
+    """Build the site into `output` (default build/site/ in the clone); the folder of its HTML."""
+    output = root / OUTPUT if output is None else output
+    output.mkdir(parents=True, exist_ok=True)
+    config = output / "_config.yml"
+    config.write_text(site_config(root, repository, branch), encoding="utf-8")
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from jupyter_book.cli.main import main; sys.exit(main())",  # its `jupyter-book` command
+        "build",
+        str(root),
+        "--config",
+        str(config),
+        "--toc",
+        str(root / SITE / "_toc.yml"),
+        "--path-output",
+        str(output),
+    ]
+    subprocess.run(command, check=True)
+    html = output / "_build" / "html"
+    for page in html.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        fixed = fix_links(text, page.relative_to(html).as_posix())
+        if fixed != text:
+            page.write_text(fixed, encoding="utf-8")
+    return html
+
+
+def main(argv=None) -> int:
+    """Command line: build the site and say where it is."""
+    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.website", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--repository", help="the GitHub repository for the launch buttons: owner/name or its URL (default: origin)"
+    )
+    parser.add_argument("--branch", default="main", help="the branch Binder builds (default: %(default)s)")
+    parser.add_argument("--output", type=Path, help="where the site goes (default: build/site/ in the clone)")
+    args = parser.parse_args(argv)
+    root = checkout_dir()
+    if root is None or not (root / SITE / "_toc.yml").is_file():
+        parser.error("run it from a clone of the course (docs/site/ holds the site's configuration)")
+    try:
+        import jupyter_book  # noqa: F401, PLC0415 — the site extra's, asked for only by this command
+    except ImportError:
+        parser.error("Jupyter Book is not installed: pip install -e '.[site]' (make site does)")
+    repository = github_repository(root, args.repository)
+    if repository is None:
+        print("no GitHub repository (--repository owner/name, or an origin remote): the pages get no launch buttons")
+    try:
+        html = build(root, repository, args.branch, args.output)
+    except subprocess.CalledProcessError as err:
+        print(f"python -m qwenvl_lab.website: Jupyter Book failed (exit {err.returncode}); its output is above")
+        return 1
+    print(f"the site: {html / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The class load test's parts (`python -m qwenvl_lab.classload`): statistics, notebooks' cells and outputs, the kernel
+protocol's frames, the shared install's snapshot, the hub's configuration. The whole run is `make class-load`."""
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import yaml
+from traitlets.config.loader import PyFileConfigLoader
+
+from qwenvl_lab import classload
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_percentiles_and_summary():
+    assert classload.percentile([3, 1, 2, 4], 50) == 2.5
+    assert classload.percentile(list(range(101)), 95) == 95
+    assert classload.percentile([7], 95) == 7
+    summary = classload.latency_summary([0.1, 0.2, 0.3, 10.0])
+    assert summary == {"cells": 4, "median_s": 0.25, "p95_s": 8.545, "max_s": 10.0}
+    assert classload.latency_summary([])["median_s"] is None
+
+
+def test_code_cells_know_which_outputs_are_compared():
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "source": ["# t"], "metadata": {}},
+            {"cell_type": "code", "source": ["# NBVAL_IGNORE_OUTPUT\n", "x"], "metadata": {}},
+            {"cell_type": "code", "source": ["1/0"], "metadata": {"tags": ["raises-exception"]}},
+        ]
+    }
+    cells = classload.code_cells(notebook)
+    assert [(c.index, c.compared, c.raises) for c in cells] == [(1, False, False), (2, True, True)]
+
+
+def message(kind: str, **content) -> dict:
+    return {"header": {"msg_type": kind}, "content": content}
+
+
+def test_outputs_join_streams_as_a_notebook_stores_them():
+    outputs = []
+    for msg in (
+        message("stream", name="stdout", text="a"),
+        message("stream", name="stdout", text="b\n"),
+        message("stream", name="stderr", text="w"),
+        message("execute_result", data={"text/plain": "42", "image/png": "…"}),
+        message("stream", name="stdout", text="c"),
+        message("error", ename="ValueError", evalue="bad"),
+        message("status", execution_state="idle"),
+    ):
+        classload.add_output(outputs, msg)
+    assert classload.normalized(outputs, "/home/x") == [
+        "stdout: ab\n",
+        "stderr: w",
+        "result: 42",
+        "stdout: c",
+        "error: ValueError: bad",
+    ]
+    assert classload.normalized([["stdout", "/home/x/course-output/e"]], "/home/x") == [
+        "stdout: <workdir>/course-output/e"
+    ]
+
+
+def test_outputs_compared_with_the_lone_run_but_ignored_cells():
+    cells = {"01": [classload.Cell(1, "a", True, False), classload.Cell(2, "b", False, False)]}
+    lone = {"01": {1: ["stdout: 1"], 2: ["stdout: 0.51 s"]}}
+    assert classload.compare_outputs(lone, {"01": {1: ["stdout: 1"], 2: ["stdout: 0.73 s"]}}, cells) == []
+    (difference,) = classload.compare_outputs(lone, {"01": {1: ["stdout: 2"], 2: []}}, cells)
+    assert difference.startswith("01 cell 1: ")
+    assert classload.compare_outputs(lone, {}, cells) == ["01 cell 1: 'None' != lone \"['stdout: 1']\""]
+
+
+def test_websocket_frames_text_and_binary():
+    msg = {"header": {"msg_type": "comm_msg"}, "parent_header": {"msg_id": "m"}, "content": {}}
+    assert classload.decode_frame(json.dumps(msg)) == msg
+    body, buffer = json.dumps(msg).encode(), b"\x00\x01\x02"
+    offsets = [12, 12 + len(body)]  # 4 bytes of count, 2 offsets of 4 bytes
+    frame = struct.pack("!3I", 2, *offsets) + body + buffer
+    assert classload.decode_frame(frame) == msg
+    request = classload.execute_request("1 + 1", "s", "learner")
+    assert request["channel"] == "shell" and request["content"]["code"] == "1 + 1"
+    assert request["header"]["msg_type"] == "execute_request" and len(request["header"]["msg_id"]) == 32
+
+
+def test_shared_install_snapshot_sees_every_change(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("a")
+    before = classload.tree_state(tmp_path)
+    assert classload.changes(before, classload.tree_state(tmp_path)) == []
+    (tmp_path / "pkg" / "a.py").write_text("changed")
+    os.utime(tmp_path / "pkg" / "a.py", ns=(1, 1))
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / ".git").mkdir()  # git's bookkeeping is not the install
+    found = classload.changes(before, classload.tree_state(tmp_path))
+    assert "changed pkg/a.py" in found and "added pkg/__pycache__" in found
+    assert not any(".git" in change for change in found)
+
+
+def test_readable_by_all(tmp_path):
+    (tmp_path / "open").mkdir(mode=0o755)
+    (tmp_path / "closed").mkdir(mode=0o700)
+    (tmp_path / "closed").chmod(0o700)
+    tmp_path.chmod(0o755)
+    assert str(tmp_path / "closed") in classload.readable_by_all(tmp_path / "closed")
+    assert str(tmp_path / "open") not in classload.readable_by_all(tmp_path / "open")
+
+
+INSTRUCTOR = REPO / classload.HUB_CONFIG
+
+
+def load_config(path: Path):
+    loader = PyFileConfigLoader(path.name, str(path.parent))
+    return loader.load_config()
+
+
+def test_the_instructors_config_runs_the_course_from_the_shared_install(monkeypatch):
+    monkeypatch.setenv("QWENVL_LAB_COURSE", "/srv/course")
+    config = load_config(INSTRUCTOR)
+    cmd = config.Spawner.cmd
+    assert cmd[:3] == ["/srv/course/.venv/bin/python", "-m", "qwenvl_lab.lab"]
+    assert (
+        cmd[3:6] == ["--workdir", "~/qwenvl-lab", "--run"] and cmd[-1] == "/srv/course/.venv/bin/jupyterhub-singleuser"
+    )
+    notebook = config.Spawner.default_url.removeprefix("/lab/tree/my-notebooks/")
+    assert (REPO / "notebooks" / notebook).is_file()
+    (culler,) = config.JupyterHub.services
+    assert f"--timeout={classload.culler_settings(REPO)['idle_timeout_s']}" in culler["command"]
+    assert "delete:servers" in config.JupyterHub.load_roles[0]["scopes"]
+    assert "PYTHONPATH" not in config.Spawner.env_keep
+
+
+def test_the_load_tests_config_is_the_instructors_on_loopback(tmp_path):
+    path = classload.hub_config(tmp_path, REPO, ["qwl-a", "qwl-b"], "secret", 8123, "/usr/bin/chp")
+    config = load_config(path)
+    assert config.JupyterHub.bind_url == "http://127.0.0.1:8123" and config.Spawner.ip == "127.0.0.1"
+    assert config.ConfigurableHTTPProxy.api_url.startswith("http://127.0.0.1:")
+    assert config.Authenticator.allowed_users == {"qwl-a", "qwl-b"} and config.DummyAuthenticator.password == "secret"
+    assert config.Spawner.cmd[2] == "qwenvl_lab.lab"  # the instructor's, loaded first
+    assert config.JupyterHub.db_url == f"sqlite:///{tmp_path / 'hub.sqlite'}"
+
+
+def test_refuses_without_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(classload.LoadTestError, match="as root on Linux"):
+        classload.check_can_run(REPO, "configurable-http-proxy")
+    with pytest.raises(SystemExit) as exit_info:
+        classload.main(["--learners", "0"])
+    assert exit_info.value.code == 2
+
+
+MEASURED = REPO / "data" / "benchmarks" / "jupyterhub" / "class-load-cpu.json"
+
+
+def test_the_committed_class_measurement_and_the_values_derived_from_it():
+
+    result = json.loads(MEASURED.read_text())
+    assert result["settings"]["learners"] >= 4 and result["class"]["errors"] == 0
+    assert result["class"]["output_differences"] == 0 and result["shared_install_unchanged"]
+    assert {"cpu", "cores", "memory_gib", "load_average"} <= result["machine"].keys()
+    peaks = [r["peak_memory_gib"] for r in result["learners"]]
+    peak = max(p["kernel_rss"] + p["server_rss"] for p in peaks)  # one notebook open
+    one, two = math.ceil(peak * 10) / 10, math.ceil((peak + max(p["kernel_rss"] for p in peaks)) * 10) / 10
+    values = yaml.safe_load((REPO / "docs" / "jupyterhub" / "z2jh-values.yaml").read_text())["singleuser"]
+    assert values["memory"] == {"guarantee": f"{one}G", "limit": f"{two}G"}
+    culling = result["settings"]["culling"]
+    assert (
+        values["extraFiles"]["kernel-culling"]["data"]["MappingKernelManager"]["cull_idle_timeout"]
+        == (culling["kernel_idle_timeout_s"])
+    )
+    workshop = (REPO / "docs" / "workshop.md").read_text()
+    assert f"Memory per learner: {peak:.2f} GiB" in workshop

@@ -1,0 +1,57 @@
+"""The course website's builder (`python -m qwenvl_lab.website`): the repository for the launch buttons, the config
+it writes, and the links it mends in the built pages. The built pages themselves: tests/test_site.py."""
+
+import pytest
+import yaml
+
+from qwenvl_lab import website
+from qwenvl_lab.resources import checkout_dir
+
+REPO = checkout_dir()
+
+
+@pytest.mark.parametrize(
+    "given, found",
+    [
+        ("https://github.com/owner/qwenvl-lab.git", "owner/qwenvl-lab"),
+        ("https://github.com/owner/qwenvl-lab", "owner/qwenvl-lab"),
+        ("git@github.com:owner/qwenvl-lab.git", "owner/qwenvl-lab"),
+        ("owner/qwenvl-lab", "owner/qwenvl-lab"),
+        ("https://gitlab.com/owner/qwenvl-lab.git", None),
+        ("", None),
+    ],
+)
+def test_github_repository(given, found):
+    assert website.github_repository(REPO, given) == found
+
+
+def test_config_names_the_repository_only_when_there_is_one():
+    plain = website.site_config(REPO, None, "main")
+    assert "repository:" not in plain and 'execute_notebooks: "off"' in plain
+    named = website.site_config(REPO, "owner/qwenvl-lab", "course")
+    assert named.endswith("repository:\n  url: https://github.com/owner/qwenvl-lab\n  branch: course\n")
+
+
+def test_launch_buttons_open_the_learners_copy_and_folder_links_reach_their_page():
+    page = (
+        '<a href="https://mybinder.org/v2/gh/o/r/main?urlpath=lab/tree/notebooks/01_tokenizing.ipynb">'
+        '<a href="https://mybinder.org/v2/gh/o/r/main?urlpath=lab/tree/notebooks/solutions/01_solutions.ipynb">'
+        '<a class="reference internal" href="#solutions/">'
+    )
+    fixed = website.fix_links(page, "notebooks/00_welcome.html")
+    assert "urlpath=lab/tree/my-notebooks/01_tokenizing.ipynb" in fixed
+    assert "urlpath=lab/tree/notebooks/solutions/01_solutions.ipynb" in fixed  # solutions are read, not copied
+    assert 'href="../docs/site/solutions.html"' in fixed
+    front = website.fix_links('<a href="#notebooks/solutions/">', "README.html")
+    assert front == '<a href="docs/site/solutions.html">'
+
+
+def test_every_folder_page_and_toc_entry_exists():
+
+    toc = yaml.safe_load((REPO / website.SITE / "_toc.yml").read_text())
+    entries = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    entries += [s["file"] for part in toc["parts"] for c in part["chapters"] for s in c.get("sections", [])]
+    missing = [e for e in entries if not any((REPO / f"{e}{suffix}").is_file() for suffix in (".md", ".ipynb"))]
+    assert missing == []
+    for target in website.FOLDER_PAGES.values():
+        assert (REPO / target).with_suffix(".md").is_file()
