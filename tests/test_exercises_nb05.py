@@ -81,6 +81,8 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("05.2", command(dtype="float32"), False, ["--gemm_plugin"]),
     ("05.2", command(max_beam_width=3), False, ["--max_beam_width"]),
     ("05.2", command(images=1, max_prompt_embedding_table_size=1024), False, ["too few rows"]),
+    ("05.2", command(images=3, max_prompt_embedding_table_size=3072, max_input_len=1024), False, ["more rows than"]),
+    ("05.2", changed("--max_prompt_embedding_table_size"), False, ["too few rows"]),
     ("05.2", changed("--output_dir", "engine"), False, ["my_engine"]),
     ("05.2", changed("--output_dir", "/tmp/not_my_engine"), False, ["my_engine"]),
     ("05.2", command(checkpoint="/tmp/wrong_ckpt"), False, ["trt_checkpoint", "--checkpoint_dir"]),

@@ -74,8 +74,10 @@ def check_command(command):
     for flag in ("--gemm_plugin", "--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam_width"):
         if flags.get(flag) != expected[flag]:
             return f"{flag} is {flags.get(flag)!r}: check the BuildConfig's limits and dtype against the question"
-    if flags.get("--max_prompt_embedding_table_size") != expected["--max_prompt_embedding_table_size"]:
-        return "the table holds too few rows: tell trtllm_build_command how many pictures a request may bring"
+    table, rows = flags.get("--max_prompt_embedding_table_size", ""), expected["--max_prompt_embedding_table_size"]
+    if table != rows:
+        amount = "too few rows" if not table.isdigit() or int(table) < int(rows) else "more rows than needed"
+        return f"the table holds {amount}: tell trtllm_build_command how many pictures a request may bring"
     missing = [flag for flag in expected if flag not in flags]
     if missing:
         return f"the command leaves out {', '.join(missing)}: let trtllm_build_command write the whole list"
