@@ -279,19 +279,23 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("04.3", "一个蓝色和黄色的圆形。", False, ["give its answer exactly"]),
     ("04.3", "A blue square and a yellow circle.", False, ["give its answer exactly"]),
     ("04.3", Blend("blend", lambda a: [a]), False, ["as a string"]),
-    ("04.4", (768, 2048), True, ()),
-    ("04.4", [768, torch.tensor(2048)], True, ()),
-    ("04.4", (768, 1024), False, ["the in-flight block", "fixed at build", "keeps its position"]),
-    ("04.4", (768, 512), False, ["the in-flight block", "position in the step's batch"]),
-    ("04.4", (768, 3072), False, ["count from 0"]),
-    ("04.4", (768, 2730), False, ["not by the requests of this step"]),
-    ("04.4", (768, 0), False, ["not the first of the batch"]),
-    ("04.4", (4096, 2048), False, ["the python-session table", "whole buffer"]),
-    ("04.4", (512, 2048), False, ["the python-session table", "every picture of the batch"]),
-    ("04.4", (1536, 2048), False, ["gives no request a block"]),
-    ("04.4", (768, 2000), False, ["recount"]),
-    ("04.4", 768, False, ["as a pair"]),
-    ("04.4", (768, "2048"), False, ["two whole numbers"]),
+    ("04.4", (1280, 2048), True, ()),  # 5 pictures × 256 rows; position 2 × 8192 / 8
+    ("04.4", [1280, torch.tensor(2048)], True, ()),
+    ("04.4", (torch.tensor(1280), 2048), True, ()),
+    ("04.4", (1280, 1536), False, ["the in-flight block", "fullest request", "fixed at build"]),  # 2 × 768
+    ("04.4", (1280, 1024), False, ["the in-flight block", "keeps its position"]),  # position among pictured ones
+    ("04.4", (1280, 4096), False, ["not by the requests that bring pictures", "keeps its position"]),  # 8192/2 × 1
+    ("04.4", (1280, 768), False, ["not sized by the fullest request", "keeps its position"]),
+    ("04.4", (1280, 512), False, ["in run.py's one table", "position in the step's batch"]),
+    ("04.4", (1280, 3072), False, ["count from 0"]),
+    ("04.4", (1280, 5460), False, ["not by the requests of this step"]),  # 2 × 8192 / 3
+    ("04.4", (1280, 0), False, ["not the first of the batch"]),
+    ("04.4", (8192, 2048), False, ["the python-session table", "whole buffer"]),
+    ("04.4", (768, 2048), False, ["the python-session table", "every picture of the batch"]),
+    ("04.4", (2304, 2048), False, ["gives no request a block"]),
+    ("04.4", (1280, 2000), False, ["recount"]),
+    ("04.4", 1280, False, ["as a pair"]),
+    ("04.4", (1280, "2048"), False, ["two whole numbers"]),
 ]
 SECRETS = {  # numbers a hint to a wrong answer must not show
     "03.1": [],
@@ -301,7 +305,7 @@ SECRETS = {  # numbers a hint to a wrong answer must not show
     "04.1": [],
     "04.2": [516],
     "04.3": [],
-    "04.4": [768, 2048],
+    "04.4": [1280, 2048],
 }
 
 
