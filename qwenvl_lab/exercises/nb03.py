@@ -208,8 +208,8 @@ def check_third_first_id(answer):
     "pictures may one request hold under in-flight batching (the C++ executor)?",
 )
 def check_images_per_request(answer):
-    """Each request's block is rows_per_request = 2048 / 8 rows (the engine's max batch size, the runtime's by
-    default); a picture takes 256 of them."""
+    """Each request's block is rows_per_request = 2048 / 8 rows (8: the runtime's max batch size, by default the
+    engine's); a picture takes 256 of them."""
     build = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
     return number_hint(
         answer,
