@@ -252,7 +252,8 @@ ASKED = 2  # …and the request whose block is asked for
     "row of request 2's block under in-flight batching)",
 )
 def check_table_rows(answer):
-    """The session table holds the batch's pictures; the executor's block is fixed at build, placed by position."""
+    """The session table holds the batch's pictures; the executor's block is the table size over the max batch size,
+    placed by position."""
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return "give two whole numbers as a pair: (rows of the python-session table, first row of request 2's block)"
     session_given, first_given = answer
@@ -286,17 +287,18 @@ def check_table_rows(answer):
         first_given,
         first,
         {
-            ASKED * fullest: "the block is not sized by this batch's fullest request: it is fixed at build, "
-            "max_prompt_embedding_table_size / max_batch_size",
+            ASKED * fullest: "the block is not sized by this batch's fullest request: it is "
+            "max_prompt_embedding_table_size / max_batch_size, whatever the batch holds",
             among * block: f"{keeps_position}: the executor counts every request of the step",
-            among * (table // len(with_pictures)): "the table is shared by max_batch_size positions, fixed at "
-            f"build, not by the requests that bring pictures (and {keeps_position})",
-            among * fullest: f"the block is fixed at build, not sized by the fullest request, and {keeps_position}",
+            among * (table // len(with_pictures)): "the table is shared by max_batch_size positions, not by "
+            f"the requests that bring pictures (and {keeps_position})",
+            among
+            * fullest: f"the block is the table over max_batch_size, not sized by the fullest request, and {keeps_position}",
             IMG_TOKEN_SPAN * sum(STEP_PICTURES[:ASKED]): "that is where request 2's pictures start in run.py's "
             "one table; the executor places tables by the request's position in the step's batch",
             (ASKED + 1) * block: "positions in the batch count from 0",
-            ASKED * (table // len(STEP_PICTURES)): "the table is shared by max_batch_size positions, fixed at "
-            "build, not by the requests of this step",
+            ASKED * (table // len(STEP_PICTURES)): "the table is shared by max_batch_size positions, not by the "
+            "requests of this step",
             0: "request 2 is not the first of the batch: its block starts further down",
         },
     )
