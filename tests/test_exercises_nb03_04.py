@@ -294,7 +294,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("04.4", (1280, 2048), True, ()),  # 5 pictures × 256 rows; position 2 × 8192 / 8
     ("04.4", [1280, torch.tensor(2048)], True, ()),
     ("04.4", (torch.tensor(1280), 2048), True, ()),
-    ("04.4", (1280, 1536), False, ["the in-flight block", "fullest request", "fixed at build"]),  # 2 × 768
+    ("04.4", (1280, 1536), False, ["the in-flight block", "fullest request", "max_batch_size"]),  # 2 × 768
     ("04.4", (1280, 1024), False, ["the in-flight block", "keeps its position"]),  # position among pictured ones
     ("04.4", (1280, 4096), False, ["not by the requests that bring pictures", "keeps its position"]),  # 8192/2 × 1
     ("04.4", (1280, 768), False, ["not sized by the fullest request", "keeps its position"]),
