@@ -42,7 +42,7 @@ def pipeline_steps(config, images: int = 1, prompt_len: int = 300) -> list[Step]
     side = size // patch
     n, span, v = images, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
     return [
-        Step("picture", "picture", "resized to a square", f"{n}×{size}×{size}×3", "04", "picture", 0, 1),
+        Step("picture", "picture", "resized to a square", f"[{n}, 3, {size}, {size}]", "04", "picture", 0, 1),
         Step(
             "vit",
             "ViT",

@@ -6,7 +6,7 @@ Reading. `to_list_format` turns token ids, a `Query` or plain text into the list
 `<img>path</img>`, as Qwen's own to_list_format reads them, so typed tags count as tags there. A `<ref>` and the
 boxes right after it make one `{'ref': r, 'box': [(x1, y1, x2, y2), …]}` element, boxes right after each other one
 `{'box': […]}`. The "Picture k: " before an image and the "\\n" after it, which from_list_format writes, are dropped
-where both are there. Texts and refs come out NFC (as the tokenizer encodes them), image paths exact; `<quad>…</quad>`
+where both are there. Texts, refs and image paths come out NFC (as the tokenizer encodes them); `<quad>…</quad>`
 and every other special token stay text.
 
 Boxes. `parse_boxes` gives each box as a `Box` on the picture it refers to: the latest picture before it (Qwen-VL's

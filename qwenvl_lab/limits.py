@@ -59,7 +59,8 @@ class BuildConfig:
     @property
     def rows_per_request(self) -> int:
         """Table rows one request may use under in-flight batching (the C++ executor): at every step the table of the
-        request at position b of that step's batch is copied to row b × this, a block fixed at build time."""
+        request at position b of that step's batch is copied to row b × this (with the engine's max_batch_size, the
+        runtime's default; a runtime given a smaller max batch size divides by that)."""
         return self.max_prompt_embedding_table_size // self.max_batch_size
 
 

@@ -111,7 +111,7 @@ def per_request_tables(
     row b × rows_per_request, with tasks = b (its position in this batch).
 
     rows_per_request is the C++ executor's block, max_prompt_embedding_table_size / max_batch_size
-    (`BuildConfig.rows_per_request`), fixed when the engine is built. Left out, the block is the smallest that holds
+    (`BuildConfig.rows_per_request`, with the engine's max_batch_size, the runtime's default). Left out, the block is the smallest that holds
     this batch's fullest request: a layout for runners that take one table of any block size (this package's engine,
     TensorRT-LLM's Python ModelRunner), not the one the C++ executor builds.
     """

@@ -134,12 +134,19 @@ def _encode_ordinary(encoding: tiktoken.Encoding, text: str, cut: int = SPACE_RU
     return ids + encoding.encode_ordinary(text[start:])
 
 
-def _path_bytes(path) -> bytes:
-    """UTF-8 bytes of an image path, checked to fit in one image span."""
+def _image_path(path) -> str:
+    """An image path as the span holds it: NFC, as Qwen-VL's tokenize normalises the whole text before the span."""
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
     if not isinstance(path, str):
         raise TypeError(f"an image path must be a str or os.PathLike, got {type(path).__name__}")
+    return unicodedata.normalize("NFC", path)
+
+
+def _path_bytes(path) -> bytes:
+    """UTF-8 bytes of an image path (NFC), checked to fit in one image span."""
+    given = path
+    path = _image_path(path)
     if not path:
         raise ValueError("an image path must not be empty")
     try:
@@ -149,7 +156,7 @@ def _path_bytes(path) -> bytes:
     if len(data) > IMG_TOKEN_SPAN:
         raise ValueError(
             f"image path is {len(data)} UTF-8 bytes but an image span holds at most {IMG_TOKEN_SPAN} bytes; "
-            f"use a shorter path (e.g. copy or symlink the file to a short name): {path!r}"
+            f"use a shorter path (e.g. copy or symlink the file to a short name): {given!r}"
         )
     return data
 
@@ -232,7 +239,8 @@ class Query(str):
     """A query string (as the official from_list_format returns) that remembers which `<img>` spans are images."""
 
     # segments: ("text", t) BPE-encoded, stored NFC as the official tokenizer encodes it; ("special", "<ref>") one
-    # id; ("image", path) one 258-id span, path bytes kept exact (not NFC) so the file opens. `+` with a str or a
+    # id; ("image", path) one 258-id span, the path stored NFC too: Qwen-VL's tokenize normalises the whole text,
+    # path included, before it writes the span's bytes, so the model opens the NFC name. `+` with a str or a
     # Query gives a Query (an added str is plain text); other str methods return a plain str, which encodes as plain
     # text: images only come from Query segments.
 
@@ -253,7 +261,7 @@ class Query(str):
                 raise ValueError(f"segment {k} has kind {kind!r}; kinds are {cls.KINDS}")
             if kind == "image":
                 _path_bytes(value)
-                value = os.fspath(value)
+                value = _image_path(value)
             elif not isinstance(value, str):
                 raise TypeError(f"segment {k} ({kind}) must hold a str, got {type(value).__name__}")
             elif kind == "special" and (value not in SPECIAL_IDS or value in IMAGE_TAGS):
@@ -376,7 +384,7 @@ class QWenTokenizer:
         return ids
 
     def encode_image_span(self, path) -> list[int]:
-        """[<img>] + path bytes + [<imgpad>] * (256 - len) + [</img>]: 258 ids."""
+        """[<img>] + path bytes (NFC) + [<imgpad>] * (256 - len) + [</img>]: 258 ids."""
         data = _path_bytes(path)
         return [IMAGE_START_ID, *data, *[IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(data)), IMAGE_END_ID]
 

@@ -23,6 +23,7 @@ def edged_in_orange(fig) -> set:
 
 def test_the_steps_carry_qwen_vl_chats_shapes():
     steps = {s.name: s for s in pipeline_steps(QWenVLConfig(), images=2, prompt_len=600)}
+    assert steps["picture"].shape == "[2, 3, 448, 448]"  # channels first, as the vision tower's conv1 takes them
     assert steps["vit"].shape == "1024 × 1664"  # 448 / 14 = 32 → 32² patches of width 1664
     assert steps["input_vit"].shape == "[2, 256, 4096]" and steps["prompt_table"].shape == "[512, 4096]"
     assert steps["lm"].shape == "32 layers" and steps["lookup"].shape == "[1, 600, 4096]"

@@ -1,6 +1,8 @@
 """Notebooks 01 and 02's exercise checks: right answers written in several ways pass, and the plausible wrong ones
 (off by one, the wrong unit or convention, a weaker check) get a hint that does not give the answer away."""
 
+import unicodedata
+
 import pytest
 import torch
 
@@ -33,17 +35,18 @@ def test_every_exercise_is_registered_with_its_question():
 
 
 def span_of(path, limit=IMG_TOKEN_SPAN, unit=lambda p: p.encode("utf-8"), payload=None, pad=IMAGE_PAD_ID, size=None):
-    """A learner's image span: refused past `limit` units (`unit` of the path), written from `payload` bytes."""
+    """A learner's image span: refused past `limit` units (`unit` of the path), written from `payload` bytes (by
+    default the NFC path's UTF-8 bytes, as Qwen-VL writes them)."""
     if len(unit(path)) > limit:
         raise ValueError("path too long")
-    data = list(path.encode("utf-8")) if payload is None else payload(path)
+    data = list(unicodedata.normalize("NFC", path).encode("utf-8")) if payload is None else payload(path)
     size = IMG_TOKEN_SPAN if size is None else size
     return [IMAGE_START_ID] + data + [pad] * (size - len(data)) + [IMAGE_END_ID]
 
 
 def bytearray_span(path):
     """A right answer written otherwise: bytearray, a list comprehension, the padding counted from the end."""
-    data = bytearray(path, "utf-8")
+    data = bytearray(unicodedata.normalize("NFC", path), "utf-8")
     if len(data) > IMG_TOKEN_SPAN:
         raise ValueError(f"{len(data)} bytes do not fit in a span")
     body = [b for b in data] + [IMAGE_PAD_ID for _ in range(IMG_TOKEN_SPAN - len(data))]
@@ -125,6 +128,14 @@ def forward_pairs_check(input_ids):
     return img_pos
 
 
+def span_length_check(input_ids):
+    """Counts per row, every </img> after its <img>, every span 256 ids: overlapping spans of 256 ids go through."""
+    img_pos = forward_pairs_check(input_ids)
+    if (img_pos[:, 2] - img_pos[:, 1] != IMG_TOKEN_SPAN + 1).any():
+        raise ValueError("a span that does not hold 256 ids")
+    return img_pos
+
+
 def sorted_by_position(input_ids):
     found = loop_locate(input_ids)
     return found[torch.argsort(found[:, 1], stable=True)]
@@ -139,6 +150,9 @@ PAIR_LENGTH = len(
         TOKENIZER, TOKENIZER.from_list_format([{"image": p} for p in nb01.PAIR] + [{"text": nb01.PAIR_QUESTION}])
     )[1]
 )
+PAIR_CONTEXT = nb01._pair_context()[2]  # the context 01.4 is checked on
+PAIR_STARTS = [k for k, i in enumerate(PAIR_CONTEXT) if i == IMAGE_START_ID]
+PAIR_ENDS = [k for k, i in enumerate(PAIR_CONTEXT) if i == IMAGE_END_ID]
 RIGHT_PADDED = locate_img_pos(nb02.padded(nb02.THREE_CHATS, "right"))
 LEFT_PADDED = locate_img_pos(nb02.padded(nb02.THREE_CHATS, "left"))
 FEATURE_ROWS = sum(len(p) for p, _ in nb02.THREE_CHATS) * IMG_TOKEN_SPAN
@@ -162,6 +176,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("01.1", refuses_a_full_span, False, ["raised ValueError, but the tokenizer writes it"]),
     ("01.1", lambda p: span_of(p, limit=QWEN_VL_PATH_BYTES), False, ["the tokenizer writes it", "stricter"]),
     ("01.1", lambda p: span_of(p, payload=lambda q: [ord(c) for c in q]), False, ["one id per character"]),
+    ("01.1", lambda p: span_of(p, payload=lambda q: list(q.encode())), False, ["combining accent", "NFC"]),
     ("01.1", lambda p: [IMAGE_START_ID] + TOKENIZER.encode(p) + [IMAGE_END_ID], False, ["does not run BPE"]),
     ("01.1", lambda p: span_of(p, size=len(p.encode())), False, ["same length whatever the path"]),
     ("01.1", lambda p: span_of(p, size=IMG_TOKEN_SPAN - 2), False, ["same length whatever the path"]),
@@ -197,6 +212,9 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("01.4", lambda a: a + IMG_TOKEN_SPAN, False, ["too early"]),
     ("01.4", lambda a: a + IMG_TOKEN_SPAN + 2, False, ["too far"]),
     ("01.4", lambda a: 276, False, ["count the ids between the tags"]),
+    ("01.4", lambda a: dict(zip(PAIR_STARTS, PAIR_ENDS))[a], False, ["write it from a alone", "fixed length"]),
+    ("01.4", lambda a: PAIR_CONTEXT.index(IMAGE_END_ID, a), False, ["write it from a alone", "fixed length"]),
+    ("01.4", lambda a: a + IMG_TOKEN_SPAN + 1 if a < 500 else None, False, ["a = 1000", "from a alone"]),
     ("01.4", lambda a: None, False, ["not attempted yet"]),
     ("01.4", lambda a: float(a + IMG_TOKEN_SPAN + 1), False, ["an int"]),
     ("01.4", 276, False, ["the function itself"]),
@@ -207,6 +225,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("02.1", run_py_check, False, ["comes before its <img>", "equal counts are not enough"]),
     ("02.1", row_count_check, False, ["comes before its <img>", "check the order too"]),
     ("02.1", forward_pairs_check, False, ["nested in another", "before the next <img> opens"]),
+    ("02.1", span_length_check, False, ["two overlapping spans", "before the next <img> opens"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, -1]), False, ["off by one", "</img> themselves"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, 0]), False, ["off by one"]),
     ("02.1", sorted_by_position, False, ["another order"]),
@@ -247,6 +266,7 @@ def test_the_check_accepts_right_answers_and_hints_at_wrong_ones(key, answer, ok
 def test_01_1_is_checked_at_the_span_boundary_in_bytes_and_characters():
     lengths = [len(p.encode()) for p in nb01.SPAN_PATHS]
     assert IMG_TOKEN_SPAN in lengths and IMG_TOKEN_SPAN - 1 in lengths  # the last bytes a span holds
+    assert any(unicodedata.normalize("NFC", p) != p for p in nb01.SPAN_PATHS)  # a path Qwen-VL writes otherwise
     too_long = [(len(p), len(p.encode())) for p in nb01.TOO_LONG]
     assert (IMG_TOKEN_SPAN + 1, IMG_TOKEN_SPAN + 1) in too_long  # one byte past
     assert any(chars <= IMG_TOKEN_SPAN < size for chars, size in too_long)  # few characters, too many bytes
@@ -271,7 +291,14 @@ def test_02_1_is_checked_on_batches_that_fool_weaker_checks():
         with pytest.raises(ValueError):
             locate_img_pos(batch)
     fooled = {name for name, batch in nb02._broken_batches() if not raises(run_py_check, batch)}
-    assert fooled == {"a row whose </img> comes before its <img>", "a row with one image span nested in another"}
+    assert fooled == {
+        "a row whose </img> comes before its <img>",
+        "a row with one image span nested in another",
+        "a row with two overlapping spans of 256 ids each",
+    }
+    assert not raises(
+        span_length_check, dict(nb02._broken_batches())["a row with two overlapping spans of 256 ids each"]
+    )
 
 
 def raises(function, batch) -> bool:

@@ -215,7 +215,19 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ),
     ("03.1", spans_with(lambda o, f, k, i, a, b: write_span(o, f, k, i, a, b, picture=0)), False, ["picture 1"]),
     ("03.1", spans_with(lambda o, f, k, i, a, b: write_span(o, f, k, i, a, b, picture=i)), False, ["picture 1"]),
-    ("03.1", spans_with(lambda o, f, k, i, a, b: o.__setitem__((i, slice(a + 1, a + 257)), f[k])), False, ["raised"]),
+    (
+        "03.1",
+        spans_with(lambda o, f, k, i, a, b: o.__setitem__((i, slice(a + 1, a + 257)), f[k])),
+        False,
+        ["spans of 3 ids", "from a + 1 to b", "do not assume 256"],
+    ),
+    (
+        "03.1",
+        lambda ids, img_pos, fake: loop_replace(ids, locate_img_pos(ids), fake),
+        False,
+        ["use the img_pos you are given", "not 256 ids long"],
+    ),
+    ("03.1", lambda *args: replace_image_spans(*args).squeeze(0), False, ["keep the batch dimension", "[B, L]"]),
     ("03.1", lambda *args: replace_image_spans(*args).tolist(), False, ["torch tensor"]),
     ("03.1", lambda *args: replace_image_spans(*args).float(), False, ["integer token ids"]),
     ("03.1", dropped_tag, False, ["keep their length"]),
@@ -236,7 +248,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("03.3", 152704, False, ["after the third picture"]),
     ("03.4", 1, True, ()),
     ("03.4", torch.tensor(1), True, ()),
-    ("03.4", 8, False, ["whole table", "fixed at build"]),
+    ("03.4", 8, False, ["whole table", "runtime's max batch size"]),
     ("03.4", 256, False, ["share of rows"]),
     ("03.4", 0, False, ["no request could send a picture"]),
     ("03.4", 2, False, ["recount"]),
@@ -279,19 +291,23 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("04.3", "一个蓝色和黄色的圆形。", False, ["give its answer exactly"]),
     ("04.3", "A blue square and a yellow circle.", False, ["give its answer exactly"]),
     ("04.3", Blend("blend", lambda a: [a]), False, ["as a string"]),
-    ("04.4", (768, 2048), True, ()),
-    ("04.4", [768, torch.tensor(2048)], True, ()),
-    ("04.4", (768, 1024), False, ["the in-flight block", "fixed at build", "keeps its position"]),
-    ("04.4", (768, 512), False, ["the in-flight block", "position in the step's batch"]),
-    ("04.4", (768, 3072), False, ["count from 0"]),
-    ("04.4", (768, 2730), False, ["not by the requests of this step"]),
-    ("04.4", (768, 0), False, ["not the first of the batch"]),
-    ("04.4", (4096, 2048), False, ["the python-session table", "whole buffer"]),
-    ("04.4", (512, 2048), False, ["the python-session table", "every picture of the batch"]),
-    ("04.4", (1536, 2048), False, ["gives no request a block"]),
-    ("04.4", (768, 2000), False, ["recount"]),
-    ("04.4", 768, False, ["as a pair"]),
-    ("04.4", (768, "2048"), False, ["two whole numbers"]),
+    ("04.4", (1280, 2048), True, ()),  # 5 pictures × 256 rows; position 2 × 8192 / 8
+    ("04.4", [1280, torch.tensor(2048)], True, ()),
+    ("04.4", (torch.tensor(1280), 2048), True, ()),
+    ("04.4", (1280, 1536), False, ["the in-flight block", "fullest request", "max_batch_size"]),  # 2 × 768
+    ("04.4", (1280, 1024), False, ["the in-flight block", "keeps its position"]),  # position among pictured ones
+    ("04.4", (1280, 4096), False, ["not by the requests that bring pictures", "keeps its position"]),  # 8192/2 × 1
+    ("04.4", (1280, 768), False, ["not sized by the fullest request", "keeps its position"]),
+    ("04.4", (1280, 512), False, ["in run.py's one table", "position in the step's batch"]),
+    ("04.4", (1280, 3072), False, ["count from 0"]),
+    ("04.4", (1280, 5460), False, ["not by the requests of this step"]),  # 2 × 8192 / 3
+    ("04.4", (1280, 0), False, ["not the first of the batch"]),
+    ("04.4", (8192, 2048), False, ["the python-session table", "whole buffer"]),
+    ("04.4", (768, 2048), False, ["the python-session table", "every picture of the batch"]),
+    ("04.4", (2304, 2048), False, ["gives no request a block"]),
+    ("04.4", (1280, 2000), False, ["recount"]),
+    ("04.4", 1280, False, ["as a pair"]),
+    ("04.4", (1280, "2048"), False, ["two whole numbers"]),
 ]
 SECRETS = {  # numbers a hint to a wrong answer must not show
     "03.1": [],
@@ -301,7 +317,7 @@ SECRETS = {  # numbers a hint to a wrong answer must not show
     "04.1": [],
     "04.2": [516],
     "04.3": [],
-    "04.4": [768, 2048],
+    "04.4": [1280, 2048],
 }
 
 

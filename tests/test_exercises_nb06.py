@@ -55,6 +55,18 @@ def greedy_while(next_logits, prompt, steps):
     return ids[len(prompt) :]
 
 
+def stops_at_any_special_id(next_logits, prompt, steps):
+    """Stops at the first special id (151643 on), as if <ref> or <box> ended an answer like <|im_end|>."""
+    ids, new = list(prompt), []
+    for _ in range(steps):
+        token = int(next_logits(ids).argmax())
+        ids.append(token)
+        new.append(token)
+        if token >= ENDOFTEXT_ID:
+            break
+    return new
+
+
 def runner_up_on_big_vocabularies(next_logits, prompt, steps):
     """Right on the stand-in model, wrong on the real one: the second best token when the vocabulary is large."""
     ids, new = list(prompt), []
@@ -91,6 +103,7 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
     append=True,
     stop=True,
     embeddings=True,
+    call="model",
 ):
     """A capstone answer, right with the defaults; each keyword turns one step into a typical mistake."""
     query = tokenizer.from_list_format([{"image": p} for p in pictures] + [{"text": question}])
@@ -124,13 +137,23 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
     embeds = torch.where(fake[..., None], rows, wte[input_ids.clamp(max=vocab_size - 1)])  # [1, L, H]
     new_ids, first_token = [], None
     for _ in range(max_new_tokens):
-        token = int(model(inputs_embeds=embeds).logits[0, -1].argmax())
+        token = int(logits_of(model, embeds, call)[0, -1].argmax())
         first_token = token if first_token is None else first_token
         if token == IM_END_ID and stop:
             break
         new_ids.append(token)
         embeds = torch.cat([embeds, wte[token if append else first_token][None, None]], dim=1)
     return tokenizer.decode(new_ids)
+
+
+def logits_of(model, embeds, call):
+    """The model's logits [1, L, V] for the embeddings, asked as `call` says: model(…), model.forward(…), or its
+    transformer and lm_head one after the other."""
+    if call == "forward":
+        return model.forward(inputs_embeds=embeds).logits
+    if call == "transformer":
+        return model.lm_head(model.transformer(inputs_embeds=embeds)[0])
+    return model(inputs_embeds=embeds).logits
 
 
 def pipeline_vectorised(model, tokenizer, pictures, question):
@@ -245,6 +268,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("06.1", lambda f, p, steps: greedy(f, p, max(steps, 1)), False, ["steps=0"]),
     ("06.1", lambda f, p, steps: "".join(map(str, greedy(f, p, steps))), False, ["list of ints"]),
     ("06.1", runner_up_on_big_vocabularies, False, ["differ from the engine's greedy tokens from step 0"]),
+    ("06.1", stops_at_any_special_id, False, ["only <|im_end|>", "ends an answer", "151851"]),
     ("06.1", lambda f, p, steps: None, False, ["not attempted yet"]),
     ("06.1", raises(NotImplementedError), False, ["not attempted yet"]),
     ("06.1", raises(ValueError("oops")), False, ["your answer raised ValueError: oops"]),
@@ -277,6 +301,10 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("06.5", "(1, 2, 3, 4)", False, ["four ints"]),
     ("06.6", pipeline, True, ()),
     ("06.6", pipeline_vectorised, True, ()),
+    ("06.6", lambda *a: pipeline(*a, call="forward"), True, ()),
+    ("06.6", lambda *a: pipeline(*a, call="transformer"), False, ["never called", "model.forward"]),
+    ("06.6", lambda *a: pipeline(*a, max_new_tokens=20), False, ["Where is the blue square", "stops early"]),
+    ("06.6", lambda *a: pipeline(*a, max_new_tokens=25), False, ["Where is the blue square", "25 times", "at most 24"]),
     ("06.6", lambda *a: pipeline(*a, start=151643), False, ["span", "where the fake ids start"]),
     ("06.6", lambda *a: pipeline(*a, per_picture=True), False, ["picture 1's span", "one picture to the next"]),
     ("06.6", lambda *a: pipeline(*a, tags=False), False, ["a tag of picture 0", "keep their word embeddings"]),

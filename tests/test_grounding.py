@@ -59,6 +59,8 @@ def _normal_form(elements):
             out.append({**ref, "box": list(e["box"])} if e.get("box") else ref)
         elif "box" in e and out and ("ref" in out[-1] or "box" in out[-1]):  # boxes right after a ref or a box join it
             out[-1].setdefault("box", []).extend(e["box"])
+        elif "image" in e:
+            out.append({"image": unicodedata.normalize("NFC", e["image"])})  # the tokenizer writes paths NFC
         else:
             out.append(dict(e, **({"box": list(e["box"])} if "box" in e else {})))
     return out

@@ -40,7 +40,19 @@ def tok():
 
 
 def span(path: str) -> list[int]:
-    data = path.encode("utf-8")
+    """The span of `path`: its NFC form's UTF-8 bytes, then <imgpad>."""
+    data = unicodedata.normalize("NFC", path).encode("utf-8")
+    return [IMAGE_START_ID, *data, *[IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(data)), IMAGE_END_ID]
+
+
+def qwen_vl_span(tok, path: str) -> list[int]:
+    """The span Qwen-VL's tokenization_qwen.py writes (x1ngzai/Qwen-VL-Chat-Int4@1cd721a2): `tokenize` normalises the
+    whole text NFC, BPE-encodes it with the image tags special, then `_encode_imgurl` joins the bytes of the pieces
+    between <img> and </img>, one id per byte, and pads them with <imgpad>."""
+    text = unicodedata.normalize("NFC", f"<img>{path}</img>")
+    pieces = tok.encoding.encode(text, allowed_special={"<img>", "</img>"})
+    assert pieces[0] == IMAGE_START_ID and pieces[-1] == IMAGE_END_ID
+    data = b"".join(tok.encoding.decode_single_token_bytes(i) for i in pieces[1:-1])
     return [IMAGE_START_ID, *data, *[IMAGE_PAD_ID] * (IMG_TOKEN_SPAN - len(data)), IMAGE_END_ID]
 
 
@@ -248,6 +260,27 @@ def test_path_of_exactly_256_bytes_fits(tok):
     assert IMAGE_PAD_ID not in ids and len(ids) == 258
     assert decode_image_path(ids) == path
     assert tok.decode(ids) == f"<img>{path}</img>"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        unicodedata.normalize("NFD", "café.png"),  # e + U+0301: 10 bytes, 9 in NFC
+        unicodedata.normalize("NFD", "图片/Ångström.jpg"),
+        "\u212b.png",  # the angstrom sign: NFC makes it Å (U+00C5)
+        "e\u0301" * 86,  # 258 bytes as given, 172 in NFC: it fits
+        "../data/images/red_circle.png",
+    ],
+)
+def test_image_paths_are_written_nfc_as_qwen_vl_writes_them(tok, path):
+    nfc = unicodedata.normalize("NFC", path)
+    assert tok.encode_image_span(path) == qwen_vl_span(tok, path) == span(path)
+    query = tok.from_list_format([{"image": path}, {"text": "?"}])
+    assert query.images == (nfc,) and str(query) == f"Picture 1: <img>{nfc}</img>\n?"
+    ids = tok.encode(query)
+    a = ids.index(IMAGE_START_ID)
+    assert ids[a : a + IMG_TOKEN_SPAN + 2] == qwen_vl_span(tok, path)
+    assert decode_image_path(tok.encode_image_span(path)) == nfc
 
 
 def test_decode_image_path_accepts_tensors(tok):
@@ -459,6 +492,7 @@ def test_text_round_trip_and_no_special_ids(tok, text):
 @given(path=PATH)
 def test_image_span_round_trip(tok, path):
     ids = tok.encode_image_span(path)
+    path = unicodedata.normalize("NFC", path)  # what the span holds
     assert ids == span(path)
     assert decode_image_path(ids) == path
     assert tok.decode(ids) == f"<img>{path}</img>"
@@ -475,7 +509,9 @@ def test_query_round_trip(tok, elements):
     assert ids.count(IMAGE_START_ID) == ids.count(IMAGE_END_ID) == n_images
     kinds = tok.token_kinds(ids)
     assert kinds.count("image_tag") == 2 * n_images
-    assert kinds.count("image_path_byte") == sum(len(e["image"].encode("utf-8")) for e in elements if "image" in e)
+    assert kinds.count("image_path_byte") == sum(
+        len(unicodedata.normalize("NFC", e["image"]).encode("utf-8")) for e in elements if "image" in e
+    )
     raw_text, context = make_context(tok, query)
     assert tok.decode(context) == raw_text
 
@@ -488,6 +524,7 @@ REFUSED = [
     ("lone surrogate", lambda tok: tok.encode("lone \ud800 surrogate"), ValueError, "UTF-8"),
     ("encode_query text", lambda tok: tok.encode_query("plain"), TypeError, "encode plain text with encode"),
     ("path of 257 bytes", lambda tok: tok.encode_image_span("a" * 257), ValueError, r"257 UTF-8 bytes.*256 bytes.*shorter path.*symlink"),
+    ("path of 257 bytes in NFC", lambda tok: tok.encode_image_span("a" + "e\u0301" * 128), ValueError, r"is 257 UTF-8 bytes.*256 bytes"),
     ("path of 300 bytes", lambda tok: tok.from_list_format([{"image": "图" * 100}]), ValueError, "300 UTF-8 bytes"),
     ("empty path", lambda tok: tok.encode_image_span(""), ValueError, "empty"),
     ("path as bytes", lambda tok: tok.encode_image_span(b"/a.jpg"), TypeError, "str or os.PathLike"),

@@ -1,5 +1,7 @@
 """Notebook 01's exercises: an image span written by hand, a chat's length, the longest path, where `</img>` sits."""
 
+import unicodedata
+
 from ..tokenizing import (
     IMAGE_END_ID,
     IMAGE_PAD_ID,
@@ -13,9 +15,10 @@ from . import exercise, int_list, whole_number
 from .selfcheck import Question, right, wrong
 
 WIDE_CHARACTER = "图"  # 3 bytes in UTF-8
-SPAN_PATHS = (  # paths that fit: ordinary, 3-byte characters, one character, 255 and 256 bytes (the span's last bytes)
+SPAN_PATHS = (  # paths that fit: ordinary, 3-byte characters, NFD, one character, 255 and 256 bytes (the last bytes)
     "../data/images/red_circle.png",
     "图片/红色的圆形.png",
+    unicodedata.normalize("NFD", "café.png"),  # e + a combining accent: Qwen-VL writes the NFC é
     "a",
     WIDE_CHARACTER * (IMG_TOKEN_SPAN // 3),
     "pictures/" + "x" * (IMG_TOKEN_SPAN - 13) + ".png",
@@ -27,6 +30,7 @@ TOO_LONG = (  # paths one byte past the span, and 86 characters that are 258 byt
 PAIR = ("../data/images/pair_a_yellow_circle_red_triangle.png", "../data/images/pair_b_blue_square_yellow_circle.png")
 PAIR_QUESTION = "哪张图片里有红色的三角形？"
 NOT_ATTEMPTED = "not attempted yet: your function returns None — write its body and run the cell again"
+OTHER_STARTS = (0, 7, 1000)  # positions of <img> in no context at all: </img> follows from a alone
 
 
 def _pair_context():
@@ -43,10 +47,17 @@ def _shown(path: str) -> str:
 
 def _span_hint(path: str, got: list, expected: list) -> str:
     """What is wrong with a span `got` written for `path` (not equal to the tokenizer's `expected`)."""
-    where, data = f"for path {_shown(path)}", list(path.encode("utf-8"))
+    where, data = f"for path {_shown(path)}", list(unicodedata.normalize("NFC", path).encode("utf-8"))
     if not got or got[0] != IMAGE_START_ID or got[-1] != IMAGE_END_ID:
         return f"{where} your span does not start with <img> and end with </img>: the tags belong to the span"
     inner = got[1:-1]
+    given = list(path.encode("utf-8"))
+    if given != data and inner[: len(given)] == given:
+        return (
+            f"{where} (its é is an e followed by a combining accent) your span holds the path's bytes as given; "
+            "Qwen-VL's tokenizer first normalises the whole text to Unicode NFC, the path included "
+            "(unicodedata.normalize), and then writes the bytes"
+        )
     if inner[: len(data)] != data:
         characters, pieces = [ord(c) for c in path], load_tokenizer().encode(path)
         if inner[: len(characters)] == characters:
@@ -184,6 +195,18 @@ def check_end_position(my_end_position):
             return "off by one, too far: the span's ids lie strictly between the two tags"
         if got != b:
             return f"for <img> at a = {a} your </img> lands inside the text or the span; count the ids between the tags"
+    span_length = ends[0] - starts[0]
+    for a in OTHER_STARTS:  # a function that looks the answer up in this context fails here
+        try:
+            got = my_end_position(a)
+        except Exception:  # a lookup that fails away from this context: the hint below
+            got = None
+        got = got.item() if hasattr(got, "item") else got
+        if whole_number(got) != a + span_length:
+            return (
+                f"for <img> at a = {a} your function does not give the right position: write it from a alone, "
+                "without looking at the ids: the span has a fixed length"
+            )
     return None
 
 

@@ -46,11 +46,16 @@ def _broken_batches() -> list[tuple[str, torch.Tensor]]:
     nested = padded(THREE_CHATS[1:2])
     (_, _, b1), (_, a2, _) = locate_img_pos(nested).tolist()
     nested[0, b1], nested[0, a2] = IMAGE_START_ID, IMAGE_END_ID  # <img> <img> </img> </img> in one row
+    one = padded(THREE_CHATS[:1])[0]  # [L]
+    ((_, a, b),) = locate_img_pos(one[None]).tolist()
+    overlapping = torch.cat([one[: b + 1], one[a + 1 : a + 11], one[b + 1 :]])[None]  # 10 more ids after </img>
+    overlapping[0, a + 10], overlapping[0, b + 10] = IMAGE_START_ID, IMAGE_END_ID  # spans a…b and a+10…b+10
     return [
         ("a row whose second </img> is missing", missing),
         ("a batch where row 0 lost its </img> and row 1 has a stray one", across),
         ("a row whose </img> comes before its <img>", reversed_tags),
         ("a row with one image span nested in another", nested),
+        ("a row with two overlapping spans of 256 ids each", overlapping),
     ]
 
 
@@ -118,7 +123,7 @@ def check_locate_img_pos(my_locate_img_pos):
                 f"on {name} your function raised {type(err).__name__} ({err}), an error that does not say what "
                 "is wrong: check the tags row by row and raise a ValueError that names the row"
             )
-        if "before" in name or "nested" in name:  # the tags are as many as ever, in every row
+        if any(word in name for word in ("before", "nested", "overlapping")):  # as many tags as ever, in every row
             return (
                 f"on {name} your function returned an img_pos without complaint; equal counts are not enough: each "
                 "<img> must be followed by its </img> before the next <img> opens, so check the order too"

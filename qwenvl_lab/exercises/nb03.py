@@ -19,6 +19,7 @@ from . import exercise, whole_number
 from .selfcheck import Question, right, wrong
 
 NOT_ATTEMPTED = "not attempted yet: your function returns None; write its body so that it returns its result"
+SHORT_SPANS = "spans of 3 ids instead of 256"  # the case that tells a span read from img_pos from one of 256 assumed
 
 
 def number_hint(answer, expected: int, known: dict) -> str | None:
@@ -75,7 +76,7 @@ def span_cases():
         out.append((name, ids, img_pos, fake))
     out.append(
         (
-            "spans of 3 ids instead of 256",
+            SHORT_SPANS,
             short,
             locate_img_pos(short, span=3),
             make_fake_prompt_ids(MODEL_VOCAB_SIZE, 2, tokens_per_image=3),
@@ -89,6 +90,11 @@ def span_hint(name: str, ids, img_pos, fake, result) -> str | None:
     expected = replace_image_spans(ids, img_pos, fake)  # [B, L]
     if not isinstance(result, torch.Tensor):
         return f"return the new ids as a torch tensor [B, L], not a {type(result).__name__} ({name})"
+    if tuple(result.shape) != tuple(expected.shape) and result.numel() == expected.numel():
+        return (
+            f"the result has shape {tuple(result.shape)} but input_ids has shape {tuple(ids.shape)}: keep the "
+            f"batch dimension, return ids [B, L] even for a batch of one ({name})"
+        )
     if tuple(result.shape) != tuple(expected.shape):
         return (
             f"the result has shape {tuple(result.shape)} but input_ids has shape {tuple(ids.shape)}: the "
@@ -127,7 +133,22 @@ def check_replace_image_spans(my_replace):
         return f"pass your function itself (my_replace_image_spans), not a {type(my_replace).__name__}"
     for name, ids, img_pos, fake in span_cases():
         given = ids.clone()
-        result = my_replace(given, img_pos.clone(), fake.clone())
+        try:
+            result = my_replace(given, img_pos.clone(), fake.clone())
+        except (RuntimeError, IndexError) as err:
+            if name == SHORT_SPANS:
+                return (
+                    f"on {name} your function raised {type(err).__name__}: the slice must run from a + 1 to b, "
+                    "the positions img_pos gives; do not assume 256"
+                )
+            raise
+        except ValueError as err:
+            if name == SHORT_SPANS:
+                return (
+                    f"on {name} your function raised ValueError ({err}): use the img_pos you are given rather than "
+                    "finding the spans again; the check includes spans that are not 256 ids long"
+                )
+            raise
         if result is None:
             return NOT_ATTEMPTED
         if not torch.equal(given, ids):
@@ -187,15 +208,17 @@ def check_third_first_id(answer):
     "pictures may one request hold under in-flight batching (the C++ executor)?",
 )
 def check_images_per_request(answer):
-    """Each request's block is rows_per_request = 2048 / 8 rows, fixed at build; a picture takes 256 of them."""
+    """Each request's block is rows_per_request = 2048 / 8 rows (8: the runtime's max batch size, by default the
+    engine's); a picture takes 256 of them."""
     build = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
     return number_hint(
         answer,
         build.rows_per_request // IMG_TOKEN_SPAN,
         {
             build.max_prompt_embedding_table_size
-            // IMG_TOKEN_SPAN: "that many pictures fill the whole table; the C++ executor gives each of the "
-            "max_batch_size positions of a step's batch a block of the same size, fixed at build",
+            // IMG_TOKEN_SPAN: "that many pictures fill the whole table; the C++ executor divides it into one "
+            "block for each position of a step's batch, as many as the runtime's max batch size (the engine's "
+            "max_batch_size by default)",
             build.rows_per_request: "that is a request's share of rows; how many pictures of 256 rows fit in it?",
             0: "then no request could send a picture: compute a request's share of the rows first",
         },
@@ -232,7 +255,9 @@ def SELF_CHECK():
             (
                 wrong(
                     "the number of pictures of the batch's fullest request",
-                    "the block size is fixed when the engine is built: max_prompt_embedding_table_size / max_batch_size",
+                    "the block size does not depend on the pictures: max_prompt_embedding_table_size (fixed at build) "
+                    "/ the runtime's max batch size (the engine's max_batch_size unless ModelRunnerCpp.from_dir("
+                    "max_batch_size=…) lowers it)",
                 ),
                 right(
                     "its position b in this step's batch: its table is copied to row b × the block, and its task is b",
@@ -249,8 +274,8 @@ def SELF_CHECK():
             ),
         ),
         Question(
-            "TensorRT-LLM's README engine (2048 rows, max_batch_size 8) gets a request with two pictures under "
-            "in-flight batching. What happens?",
+            "TensorRT-LLM's README engine (2048 rows, max_batch_size 8), run with its own max batch size, gets a "
+            "request with two pictures under in-flight batching. What happens?",
             (
                 wrong("it is answered", f"a request's block holds {readme.rows_per_request} rows: one picture"),
                 right(

@@ -240,54 +240,65 @@ def check_table_decides(answer):
     )
 
 
-INFLIGHT_BUILD = BuildConfig(max_batch_size=4, max_prompt_embedding_table_size=4096)  # exercise 04.4
+INFLIGHT_BUILD = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=8192)  # exercise 04.4…
+STEP_PICTURES = (2, 0, 3)  # …one step's batch: the pictures of each request, in batch order…
+ASKED = 2  # …and the request whose block is asked for
 
 
 @exercise(
     "04.4",
-    "An engine built with --max_batch_size 4 --max_prompt_embedding_table_size 4096; one step's batch holds 3 "
-    "requests with 2, 0 and 1 pictures, in that order. Answer (rows of run.py's Python-session table, the first "
+    "An engine built with --max_batch_size 8 --max_prompt_embedding_table_size 8192; one step's batch holds 3 "
+    "requests with 2, 0 and 3 pictures, in that order. Answer (rows of run.py's Python-session table, the first "
     "row of request 2's block under in-flight batching)",
 )
 def check_table_rows(answer):
-    """The session table holds the batch's pictures; the executor's block is fixed at build, placed by position."""
+    """The session table holds the batch's pictures; the executor's block is the table size over the max batch size,
+    placed by position."""
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return "give two whole numbers as a pair: (rows of the python-session table, first row of request 2's block)"
     session_given, first_given = answer
     if whole_number(session_given) is None or whole_number(first_given) is None:
         return f"give two whole numbers, got {answer!r}"
-    length = 2 * (IMG_TOKEN_SPAN + 3) + 6
-    batch = torch.tensor([picture_row(2, 5, length), picture_row(0, 5, length), picture_row(1, 5, length)])  # [3, L]
-    input_vit = torch.zeros(3, IMG_TOKEN_SPAN, 1)  # [N, 256, H]
+    length = max(STEP_PICTURES) * (IMG_TOKEN_SPAN + 3) + 6
+    batch = torch.tensor([picture_row(n, 5, length) for n in STEP_PICTURES])  # [3, L]
+    input_vit = torch.zeros(sum(STEP_PICTURES), IMG_TOKEN_SPAN, 1)  # [N, 256, H]
     session = len(single_table_batch(batch, input_vit, MODEL_VOCAB_SIZE)[1])
     block = INFLIGHT_BUILD.rows_per_request
     _, _, tasks, task_vocab_size = per_request_tables(batch, input_vit, MODEL_VOCAB_SIZE, rows_per_request=block)
-    first = int(rows_read(torch.tensor([[MODEL_VOCAB_SIZE]]), tasks[2:], task_vocab_size, MODEL_VOCAB_SIZE))
-    fullest = 2 * IMG_TOKEN_SPAN
+    first = int(rows_read(torch.tensor([[MODEL_VOCAB_SIZE]]), tasks[ASKED:], task_vocab_size, MODEL_VOCAB_SIZE))
+    table = INFLIGHT_BUILD.max_prompt_embedding_table_size
+    fullest = max(STEP_PICTURES) * IMG_TOKEN_SPAN  # rows of the request with the most pictures
+    with_pictures = [r for r, n in enumerate(STEP_PICTURES) if n]  # the requests that bring pictures
+    among = with_pictures.index(ASKED)  # request 2's place among them
     hint = number_hint(
         session_given,
         session,
         {
-            INFLIGHT_BUILD.max_prompt_embedding_table_size: "that is the engine's whole buffer; run.py's table holds "
-            "the batch's pictures and nothing else",
+            table: "that is the engine's whole buffer; run.py's table holds the batch's pictures and nothing else",
             fullest: "run.py's table holds every picture of the batch, one block of 256 rows each",
-            3
-            * fullest: "the python session gives no request a block: one table, the batch's pictures one after another",
+            len(STEP_PICTURES) * fullest: "the python session gives no request a block: one table, the batch's "
+            "pictures one after another",
         },
     )
     if hint is not None:
         return f"the python-session table: {hint}"
+    keeps_position = "the request without pictures keeps its position in the batch"
     hint = number_hint(
         first_given,
         first,
         {
-            2 * fullest: "the block is not sized by this batch's pictures: it is fixed at build, "
-            "max_prompt_embedding_table_size / max_batch_size (and the request without pictures keeps its position)",
-            fullest: "that is where request 2's picture sits in run.py's one table; the executor places tables by "
-            "the request's position in the step's batch",
-            3 * block: "positions in the batch count from 0",
-            2 * (INFLIGHT_BUILD.max_prompt_embedding_table_size // 3): "the table is shared by max_batch_size "
-            "positions, fixed at build, not by the requests of this step",
+            ASKED * fullest: "the block is not sized by this batch's fullest request: it is "
+            "max_prompt_embedding_table_size / max_batch_size, whatever the batch holds",
+            among * block: f"{keeps_position}: the executor counts every request of the step",
+            among * (table // len(with_pictures)): "the table is shared by max_batch_size positions, not by "
+            f"the requests that bring pictures (and {keeps_position})",
+            among
+            * fullest: f"the block is the table over max_batch_size, not sized by the fullest request, and {keeps_position}",
+            IMG_TOKEN_SPAN * sum(STEP_PICTURES[:ASKED]): "that is where request 2's pictures start in run.py's "
+            "one table; the executor places tables by the request's position in the step's batch",
+            (ASKED + 1) * block: "positions in the batch count from 0",
+            ASKED * (table // len(STEP_PICTURES)): "the table is shared by max_batch_size positions, not by the "
+            "requests of this step",
             0: "request 2 is not the first of the batch: its block starts further down",
         },
     )

@@ -1,7 +1,10 @@
 """Exercises of notebook 05 (building the engine): the table size, the trtllm-build command, weight names, `tasks`."""
 
+from pathlib import Path
+
 from ..layout import trtllm_name
 from ..limits import BuildConfig, prompt_table_size
+from ..trtllm.build_command import trtllm_build_command
 from . import exercise, int_list, whole_number
 from .selfcheck import Question, right, wrong
 
@@ -9,38 +12,84 @@ PACKED = ((0, 287), (1, 289))  # exercise 05.4: (batch position, prompt ids) of 
 STEP_BEAMS = ((0, 3), (1, 1))  # exercise 05.5: (batch position, beams) in a generation step
 
 
-@exercise("05.1", "--max_prompt_embedding_table_size for up to 4 requests of up to 3 pictures each")
+TABLE_BUILD = BuildConfig(max_batch_size=4)  # exercise 05.1: 4 requests of up to 3 pictures each
+TABLE_PICTURES = 3
+COMMAND_BUILD = BuildConfig(  # exercise 05.2: float16, 4 requests of up to 2 pictures, 1024 / 2048 ids, one beam
+    max_batch_size=4,
+    max_input_len=1024,
+    max_seq_len=2048,
+    max_prompt_embedding_table_size=prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=2),
+    dtype="float16",
+)
+COMMAND_PICTURES = 2
+CHECKPOINT_FOLDER, ENGINE_FOLDER = "trtllm_checkpoint", "my_engine"  # 05.2: the folders of WORK it reads and writes
+
+
+@exercise("05.1", "the smallest --max_prompt_embedding_table_size for up to 4 requests of up to 3 pictures each")
 def check_table_size(size):
     """The check of exercise 05.1: None when the answer is right, else a hint."""
     if whole_number(size) is None:
         return "answer with an int, a number of table rows"
     size = whole_number(size)
-    if size == prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=3):
+    smallest = prompt_table_size(TABLE_BUILD, images_per_request=TABLE_PICTURES)
+    if size == smallest:
         return None
-    if size == prompt_table_size(BuildConfig(max_batch_size=1), images_per_request=3):
+    if size == prompt_table_size(BuildConfig(max_batch_size=1), images_per_request=TABLE_PICTURES):
         return "that is one request's share; the engine holds a block for every request it may run at once"
-    if size == prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=1):
+    if size == prompt_table_size(TABLE_BUILD, images_per_request=1):
         return "that holds one picture per request; each request may bring three"
+    if size > smallest and size % (TABLE_BUILD.max_batch_size * 256) == 0:
+        return (
+            "that works, but holds more rows than needed: the smallest is the rows one picture fills × the "
+            "pictures one request may bring × the requests at once"
+        )
     return "count the rows one picture fills, then the pictures of one request, then the requests"
 
 
-@exercise("05.2", "the trtllm-build command for float16, 4 requests of up to 2 pictures, 1024 input / 2048 total ids")
-def check_command(command):
-    """The check of exercise 05.2: None when the answer is right, else a hint."""
+def command_flags(command) -> dict | str:
+    """A trtllm-build argument list as {flag: value}, or a hint when it is not one."""
     if not isinstance(command, (list, tuple)) or not command or not all(isinstance(p, str) for p in command):
         return "give the list of strings trtllm_build_command returns"
     if command[0] != "trtllm-build" or len(command) % 2 == 0:
         return "give the whole list trtllm_build_command returns: 'trtllm-build', then flag and value pairs"
     flags = dict(zip(command[1::2], command[2::2]))
-    wanted = {"--gemm_plugin": "float16", "--max_batch_size": "4", "--max_input_len": "1024", "--max_seq_len": "2048"}
-    for flag, value in wanted.items():
-        if flags.get(flag) != value:
+    if len(flags) != len(command) // 2 or not all(flag.startswith("--") for flag in flags):
+        return "give the whole list trtllm_build_command returns: each flag once, each followed by its value"
+    return flags
+
+
+@exercise("05.2", "the trtllm-build command for float16, 4 requests of up to 2 pictures, 1024 input / 2048 total ids")
+def check_command(command):
+    """The check of exercise 05.2: None when the answer is right, else a hint."""
+    flags = command_flags(command)
+    if isinstance(flags, str):
+        return flags
+    expected = command_flags(
+        trtllm_build_command(CHECKPOINT_FOLDER, ENGINE_FOLDER, COMMAND_BUILD, images_per_request=COMMAND_PICTURES)
+    )
+    if Path(flags.get("--checkpoint_dir", "")).name != CHECKPOINT_FOLDER:
+        return f"read the converted checkpoint, trt_checkpoint (WORK / {CHECKPOINT_FOLDER!r}): --checkpoint_dir"
+    if Path(flags.get("--output_dir", "")).name != ENGINE_FOLDER:
+        return f"write the engine to WORK / {ENGINE_FOLDER!r}: --output_dir"
+    for flag in ("--gemm_plugin", "--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam_width"):
+        if flags.get(flag) != expected[flag]:
             return f"{flag} is {flags.get(flag)!r}: check the BuildConfig's limits and dtype against the question"
-    table = str(prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=2))
-    if flags.get("--max_prompt_embedding_table_size") != table:
-        return "the table holds too few rows: tell trtllm_build_command how many pictures a request may bring"
-    if not flags.get("--output_dir", "").endswith("my_engine"):
-        return "write the engine to WORK / 'my_engine'"
+    table, rows = flags.get("--max_prompt_embedding_table_size", ""), expected["--max_prompt_embedding_table_size"]
+    if table != rows:
+        amount = "too few rows" if not table.isdigit() or int(table) < int(rows) else "more rows than needed"
+        return f"the table holds {amount}: tell trtllm_build_command how many pictures a request may bring"
+    missing = [flag for flag in expected if flag not in flags]
+    if missing:
+        return f"the command leaves out {', '.join(missing)}: let trtllm_build_command write the whole list"
+    differ = [
+        flag for flag in expected if flags[flag] != expected[flag] and flag not in ("--checkpoint_dir", "--output_dir")
+    ]
+    if differ or len(flags) != len(expected):
+        extra = [flag for flag in flags if flag not in expected]
+        return (
+            f"{', '.join(differ + extra)} differ from what trtllm_build_command writes for this BuildConfig: build "
+            "the list with it rather than by hand"
+        )
     return None
 
 
@@ -121,8 +170,9 @@ def SELF_CHECK():
             (
                 wrong("it is read as usual", "the engine has no prompt-table input at all"),
                 right(
-                    "TensorRT-LLM answers from the text alone; this package's engine refuses the request",
-                    "a real user report, TensorRT-LLM issue #1300; the package says why instead",
+                    "the picture never reaches the engine: TensorRT-LLM's has no table input; this package's refuses",
+                    "its fake ids go to the plain word-embedding lookup, past its last row (a user report of an image "
+                    "not being read: TensorRT-LLM issue #1300); the package's engine says why instead",
                 ),
                 wrong("the table grows to fit it", "the table's size is fixed at build; nothing grows at run time"),
             ),

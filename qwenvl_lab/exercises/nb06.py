@@ -17,7 +17,7 @@ from ..img_pos import locate_img_pos
 from ..infer import generate_for_qwenvl
 from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from ..resources import images_dir
-from ..tokenizing import IM_END_ID, load_tokenizer
+from ..tokenizing import ENDOFTEXT_ID, IM_END_ID, load_tokenizer
 from ..toy import course_engine, load_course_model
 from ..toy.make_samples import SAMPLES
 from ..toy.shapes import where_is
@@ -25,16 +25,21 @@ from . import exercise, int_list, whole_number
 from .selfcheck import Question, right, wrong
 
 NOT_ATTEMPTED = "not attempted yet — the function returns None (or raises NotImplementedError): write its body"
-GREEDY_CASES = (("red_circle.png", "图片里是什么？", 24), ("three_shapes.png", "What is in the picture?", 5))
+GREEDY_CASES = (  # 06.1 on the course model: (picture, question, steps); the grounding answer holds <ref> and <box>
+    ("red_circle.png", "图片里是什么？", 24),
+    ("three_shapes.png", "What is in the picture?", 5),
+    ("red_circle_blue_square.png", "Where is the red circle?", 40),
+)
 TWO_QUESTIONS = (("yellow_circle.png", "圆形是什么颜色？"), ("red_circle.png", "What color is the circle?"))  # 06.4
 BOX_PICTURE = "red_circle_blue_square.png"  # exercise 06.5: a sample picture (224 × 224 pixels)…
 BOX_ANSWER = str(where_is(SAMPLES[BOX_PICTURE], "blue", "square"))  # …and the answer that boxes its blue square
-CAPSTONE_CASES = (  # exercise 06.6: one picture, then two pictures in one prompt whose answer needs the second
-    (("red_circle.png",), "图片里是什么？"),
+CAPSTONE_CASES = (  # exercise 06.6: one picture, two pictures in one prompt whose answer needs the second, and a
+    (("red_circle.png",), "图片里是什么？"),  # grounding answer of 24 tokens before its <|im_end|>: the cap
     (
         ("pair_b_blue_square_yellow_circle.png", "pair_a_yellow_circle_red_triangle.png"),
         "Which picture has a red triangle?",
     ),
+    (("red_circle_blue_square.png",), "Where is the blue square?"),
 )
 CAPSTONE_TOKENS = 24
 
@@ -97,6 +102,36 @@ def model_logits(picture: str, question: str):
     return next_logits, ids.tolist()
 
 
+def course_model_hint(my_greedy) -> str | None:
+    """06.1 on the course model: None when my_greedy gives the engine's greedy tokens on every GREEDY_CASES, else a
+    hint saying where it parts from them."""
+    for picture, question, steps in GREEDY_CASES:
+        next_logits, prompt = model_logits(picture, question)
+        out = engine_output(picture, question, steps)
+        expected = out["output_ids"][0, 0, out["input_len"] : int(out["sequence_lengths"][0, 0])].tolist()
+        mine = int_list(my_greedy(next_logits, prompt, steps))
+        if mine != expected:
+            if mine is not None and len(mine) < len(expected) and expected[: len(mine)] == mine:
+                special = [t for t in expected[: len(mine) + 1] if t >= ENDOFTEXT_ID and t != IM_END_ID]
+                if special:
+                    return (
+                        f"on the course model ({picture}, {question!r}) your tokens stop after {len(mine)} of the "
+                        f"engine's {len(expected)}: only <|im_end|> ({IM_END_ID}) ends an answer; other special ids "
+                        f"such as {special[-1]} (<ref>, <box>, …) are part of it"
+                    )
+            differ = next((k for k, (a, b) in enumerate(zip(mine or [], expected)) if a != b), None)
+            where = (
+                f"from step {differ}"
+                if differ is not None
+                else f"in length ({len(mine or [])} against {len(expected)})"
+            )
+            return (
+                f"on the course model ({picture}, {question!r}, {steps} steps) your tokens differ from the engine's "
+                f"greedy tokens {where}; take the highest logit at every step"
+            )
+    return None
+
+
 @exercise("06.1", "my_greedy(next_logits, prompt, steps): the first `steps` greedy tokens after `prompt`")
 def check_greedy(my_greedy):
     """The check of exercise 06.1: None when the answer is right, else a hint."""
@@ -128,23 +163,7 @@ def check_greedy(my_greedy):
         )
     if int_list(my_greedy(counting_logits(1), [5], 0)) != []:
         return "steps=0 asks for no new token: return an empty list"
-    for picture, question, steps in GREEDY_CASES:
-        next_logits, prompt = model_logits(picture, question)
-        out = engine_output(picture, question, steps)
-        expected = out["output_ids"][0, 0, out["input_len"] : int(out["sequence_lengths"][0, 0])].tolist()
-        mine = int_list(my_greedy(next_logits, prompt, steps))
-        if mine != expected:
-            differ = next((k for k, (a, b) in enumerate(zip(mine or [], expected)) if a != b), None)
-            where = (
-                f"from step {differ}"
-                if differ is not None
-                else f"in length ({len(mine or [])} against {len(expected)})"
-            )
-            return (
-                f"on the course model ({picture}, {question!r}, {steps} steps) your tokens differ from the engine's "
-                f"greedy tokens {where}; take the highest logit at every step"
-            )
-    return None
+    return course_model_hint(my_greedy)
 
 
 @exercise("06.2", "how many <|im_end|> output_ids[0, 0, input_len:] holds (red_circle.png, 图片里是什么？, 40 new ids)")
@@ -187,21 +206,24 @@ def check_second_beam(text):
 
 
 def batched_outputs() -> dict:
-    """output_ids of TWO_QUESTIONS asked in one generate_for_qwenvl call, in each of section 9's conventions."""
+    """output_ids of TWO_QUESTIONS asked in one generate_for_qwenvl call, in two of TensorRT-LLM's layouts: each
+    request its own 256-row table, "0,1" picking it (the Python ModelRunner's [2, 256, H] table: task_vocab_size is
+    its shape[1]); and one table for both, tasks "0,0" (run.py's Python session). The C++ executor's fixed blocks of
+    max_prompt_embedding_table_size / max_batch_size rows read the same rows, so they give the same output_ids."""
     runner, vision, tokenizer, _ = course()
     pictures = [[images_dir() / picture] for picture, _ in TWO_QUESTIONS]
     contexts = [torch.tensor(make_prompt(tokenizer, q, p)[1])[None] for p, (_, q) in zip(pictures, TWO_QUESTIONS)]
     with torch.inference_mode():
         input_vit = vision.encode([p[0] for p in pictures]).to(runner.dtype)  # [2, 256, H]
     own = [per_request_tables(ids, input_vit[k : k + 1], runner.vocab_size) for k, ids in enumerate(contexts)]
-    in_flight = generate_for_qwenvl(
+    per_request = generate_for_qwenvl(
         runner, [ids[0] for ids, _, _, _ in own], 24, torch.stack([t for _, t, _, _ in own]), "0,1"
     )
     batch = torch.nn.utils.rnn.pad_sequence([c[0] for c in contexts], batch_first=True)  # [2, L]
     fake_ids, table, _, rows = single_table_batch(batch, input_vit, runner.vocab_size)
     session_ids = [fake_ids[k, : c.shape[1]] for k, c in enumerate(contexts)]
     session = generate_for_qwenvl(runner, session_ids, 24, table, "0,0", rows)
-    return {"in-flight": in_flight, "python session": session}
+    return {"per-request tables (ModelRunner)": per_request, "python session": session}
 
 
 @exercise("06.4", f"output_ids of one generate_for_qwenvl call that asks {TWO_QUESTIONS} (max_new_tokens 24)")
@@ -247,10 +269,11 @@ def check_box_pixels(corners):
 
 
 class Probe:
-    """The course model, as the learner's pipeline sees it: it records the inputs of the first call."""
+    """The course model, as the learner's pipeline sees it: it records the inputs of the first call (through
+    `model(…)` or `model.forward(…)`) and counts the calls."""
 
     def __init__(self, model):
-        self.model, self.first_call = model, None
+        self.model, self.first_call, self.calls = model, None, 0
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -258,7 +281,11 @@ class Probe:
     def __call__(self, *args, **kwargs):
         if self.first_call is None:
             self.first_call = (args, kwargs)
+        self.calls += 1
         return self.model(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self(*args, **kwargs)
 
 
 def short_path(picture: str) -> str:
@@ -283,11 +310,34 @@ def capstone_reference(model, tokenizer, pictures, question):
     return answer_text(tokenizer, out[0, 0, ids.shape[1] :]), embeds[0], locate_img_pos(ids)
 
 
-def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answered_right: bool) -> str | None:
+def decoding_hint(case: str, calls: int, answer: str, expected: str) -> str | None:
+    """The hint for a capstone pipeline whose prompt embeddings are right: None when its greedy loop is too."""
+    if calls > CAPSTONE_TOKENS:
+        return (
+            f"on {case} your function asked the model {calls} times: at most {CAPSTONE_TOKENS} new tokens, one call "
+            "each, so stop once that many are there"
+        )
+    if answer == expected:
+        return None
+    if answer and expected.startswith(answer):
+        return (
+            f"on {case} your answer stops early: this answer needs all {CAPSTONE_TOKENS} new tokens the exercise "
+            "allows; stop at <|im_end|> or once that many are there, not before"
+        )
+    return (
+        f"on {case} the prompt's embeddings are right, but the answer differs: at every step take the highest "
+        "logit of the last position, append that token's word embedding, and stop at <|im_end|> (not kept)"
+    )
+
+
+def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answer: str, expected: str) -> str | None:
     """Where the learner's pipeline first parts from the package's, read from the model's first call (the prompt's
     embeddings must be the package's, bit for bit), or None when they agree and so does the answer."""
     if probe.first_call is None:
-        return f"on {case} your function never called the model it was given: call model(inputs_embeds=…)"
+        return (
+            f"on {case} your function never called the model it was given: call model(inputs_embeds=…) (or "
+            "model.forward); model.transformer and lm_head called alone bypass the check"
+        )
     args, kwargs = probe.first_call
     embeds = kwargs.get("inputs_embeds")
     if embeds is None or kwargs.get("prompt_table") is not None or args:
@@ -303,14 +353,7 @@ def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answered_ri
         )
     differ = (embeds != expected_embeds.to(embeds.dtype)).any(dim=-1).nonzero()
     if not len(differ):
-        return (
-            None
-            if answered_right
-            else (
-                f"on {case} the prompt's embeddings are right, but the answer differs: at every step take the highest "
-                "logit of the last position, append that token's word embedding, and stop at <|im_end|> (not kept)"
-            )
-        )
+        return decoding_hint(case, probe.calls, answer, expected)
     p = int(differ[0])
     for k, (_, a, b) in enumerate(img_pos.tolist()):
         if p in (a, b):
@@ -342,7 +385,7 @@ def check_pipeline(my_pipeline):
         if not isinstance(answer, str):
             return f"return the answer's text (a str), got {type(answer).__name__}"
         expected, embeds, img_pos = capstone_reference(model, tokenizer, pictures, question)
-        hint = capstone_hint(case, probe, embeds, img_pos, answer == expected)
+        hint = capstone_hint(case, probe, embeds, img_pos, answer, expected)
         if hint is not None:
             return hint
     return None

@@ -21,7 +21,7 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
     configured = build_config.max_prompt_embedding_table_size
     if configured != table_size:
         why = (
-            "an engine built with 0 has no prompt-table input and ignores the image (TensorRT-LLM issue #1300)"
+            "an engine built with 0 has no prompt-table input: the picture never reaches it (a user report of an image not being read: TensorRT-LLM issue #1300)"
             if configured == 0
             else "each request's table sits at row (its position in the step's batch) × size / max_batch_size"
         )
@@ -62,7 +62,7 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
         "--max_seq_len",
         str(build_config.max_seq_len),
         "--max_prompt_embedding_table_size",
-        str(table_size),  # without it the image is silently ignored (#1300)
+        str(table_size),  # without it the engine has no prompt-table input: the picture never reaches it (#1300)
         "--remove_input_padding",
         "enable",
     ]
