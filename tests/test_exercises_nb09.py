@@ -162,13 +162,13 @@ WRONG = [  # (key, answer, what the hint must say, a number it must not give awa
 ]
 
 
-@pytest.mark.parametrize("key, answer", RIGHT, ids=lambda v: repr(v)[:40])
+@pytest.mark.parametrize("key, answer", RIGHT, ids=lambda v: getattr(v, "__name__", repr(v))[:40])
 def test_right_answers_written_in_different_ways_are_accepted(key, answer):
     result = check(key, answer)
     assert result.ok, result.message
 
 
-@pytest.mark.parametrize("key, answer, must_say, secret", WRONG, ids=lambda v: repr(v)[:40])
+@pytest.mark.parametrize("key, answer, must_say, secret", WRONG, ids=lambda v: getattr(v, "__name__", repr(v))[:40])
 def test_wrong_answers_get_a_hint_that_keeps_the_answer(key, answer, must_say, secret):
     result = check(key, answer)
     assert not result.ok, f"{key} accepted {answer!r}"
