@@ -19,7 +19,7 @@ def only_notebook_05(monkeypatch):
     monkeypatch.setattr(exercises, "NOTEBOOK_MODULES", ("nb05",))
 
 
-def command(images=2, output="my_engine", checkpoint="course-output/05/trtllm_checkpoint", **limits):
+def command(images=2, output="my_engine", checkpoint=Path("work") / "trtllm_checkpoint", **limits):
     """trtllm_build_command for exercise 05.2's engine, with some of its limits changed."""
     config = {
         "max_batch_size": 4,
