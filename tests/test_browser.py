@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chromium import CHROMIUM_FLAGS  # tests/chromium.py
 
 from qwenvl_lab.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
 from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER, output_dir
@@ -35,17 +36,6 @@ from qwenvl_lab.widgets import HEATMAP_CLASS
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
 REQUIRED_ENV = "QWENVL_LAB_BROWSER_TEST"  # "required": missing tools fail the tests instead of skipping them
-# Headless Chromium on a closed network: without the background-networking flags its connections are refused
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # JupyterLab user settings: nothing is saved into the repository's notebooks; every cell is kept in the page
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
