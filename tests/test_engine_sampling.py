@@ -4,6 +4,7 @@ import gc
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -63,6 +64,27 @@ def test_greedy_tokens_are_argmax_ties_included(vocab):
     assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
     assert greedy_tokens(logits).tolist()[1:4] == [3, ARGMAX_BLOCK + 5, 0]
     assert torch.equal(greedy_tokens(logits[:, ::2]), logits[:, ::2].argmax(-1))  # a strided view too
+
+
+@pytest.mark.parametrize("vocab", [151936, 1000])
+def test_picking_a_token_reads_nothing_from_another_device(vocab):
+    """On a GPU, an index tensor made on the CPU is copied over and the copy waits for every queued kernel, so the
+    decode loop could no longer run ahead of the GPU. Logits on the meta device: every operation's tensors must be
+    there too."""
+    devices = set()
+
+    class Devices(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            leaves = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+            devices.update(str(t.device) for t in leaves if isinstance(t, torch.Tensor))
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.empty(4, vocab, device="meta")
+    with Devices():
+        greedy_tokens(logits)
+        filter_logits(logits, 0.7, 20, 0.9)
+        penalize_repetition(logits, torch.zeros(4, vocab, dtype=torch.bool, device="meta"), 1.3)
+    assert devices == {"meta"}
 
 
 def test_sampling_draws_only_kept_tokens_and_follows_the_seed():
