@@ -60,7 +60,9 @@ def binder_repo(tmp_path):
         if k not in ("QWENVL_LAB_OUTPUT", "QWENVL_LAB_WORKDIR", "QWENVL_LAB_CHECKPOINT")
     }
     env.update(
-        PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]), PYTHONPATH=str(repo), HOME=str(tmp_path / "home")
+        PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")])),  # the copy first, then ours
+        HOME=str(tmp_path / "home"),
     )
     return repo, env
 

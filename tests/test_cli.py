@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import refuse_writes_in
 from PIL import Image
 from safetensors import SafetensorError
@@ -125,6 +126,10 @@ def _dangling(monkeypatch, tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "gone", target_is_directory=True)
 
 
+def _no_gpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # what torch says on a machine without one
+
+
 def _busy(monkeypatch, tmp_path):
 
     def busy(*args):
@@ -136,7 +141,7 @@ def _busy(monkeypatch, tmp_path):
 BUILD = ["build", "--max-batch-size", "1", "--images-per-request", "1"]
 USER_ERRORS = [  # (arguments, what sets the scene, what the one line says)
     (["ask", "--device", "gpu"], None, r"--device 'gpu' is not a device: use cpu or cuda"),
-    (["ask", "--device", "cuda"], None, r"--device cuda: torch sees no CUDA GPU here; use cpu"),
+    (["ask", "--device", "cuda"], _no_gpu, r"--device cuda: torch sees no CUDA GPU here; use cpu"),
     (["ask", "--max-new-tokens", "0"], None, r"--max-new-tokens must be a whole number >= 1, got '0'"),
     (["ask", "--image", "{tmp}"], None, r"--image .* is a folder, not a picture"),
     (["ask", "--image", "{tmp}/nowhere.png"], None, r"picture not found: '.*nowhere.png'"),

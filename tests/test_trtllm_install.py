@@ -24,7 +24,7 @@ def machine(tmp_path, nvcc=None, smi=None, cuda_home=True):
         if cuda is not None:
             (folder / name).write_text(template.format(cuda=cuda))
             (folder / name).chmod(0o755)
-    env = {"PATH": str(bin_dir) + ":/usr/bin:/bin"}
+    env = {"PATH": str(bin_dir)}  # nothing of the real machine: a GPU machine has its own nvidia-smi
     if cuda_home:
         env["CUDA_HOME"] = str(home)
     return env

@@ -189,7 +189,9 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     out.mkdir()
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([str(stand_in), str(TESTS), str(TESTS.parent)]),
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(stand_in), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")])
+        ),
         STAND_IN_LOG=str(log),
         STAND_IN_OUT=str(out),
     )
