@@ -21,7 +21,14 @@ import pytest
 import torch
 from test_trtllm_runner import write_engine
 
-from qwenvl_lab.trtllm.mpi_world import MpiWorld, WorldSizeError, build_once, check_world, mpi_world
+from qwenvl_lab.trtllm.mpi_world import (
+    MpiWorld,
+    WorldSizeError,
+    build_once,
+    check_world,
+    launcher_free_env,
+    mpi_world,
+)
 from qwenvl_lab.trtllm.pipeline import WRONG_WORLD, main, prepare
 from qwenvl_lab.trtllm.runner import TRTLLMRunner
 
@@ -198,7 +205,10 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     env.pop("STAND_IN_BUILD_FAILS", None)
     if fails:
         env["STAND_IN_BUILD_FAILS"] = "1"
-    command = [MPIRUN, "--oversubscribe", "-n", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    command = [MPIRUN, "--oversubscribe", "-n", "2"]
+    if os.geteuid() == 0:  # Open MPI refuses root unless told, in mpirun's flag and (for the ranks' children) in env
+        command.append("--allow-run-as-root")
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     command += [sys.executable, str(stand_in / "driver.py"), "--stage", "gpu", "--checkpoint", str(checkpoint)]
     command += ["--image", str(IMAGE), "--workdir", str(workdir), "--max-new-tokens", "6", *args]
     session = tempfile.mkdtemp(prefix="qwenvl-mpi-")  # Open MPI's session files (short: they hold Unix sockets)
@@ -207,6 +217,7 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     finally:
         shutil.rmtree(session, ignore_errors=True)
     outputs = {r: (out / f"rank{r}.log").read_text() for r in (0, 1) if (out / f"rank{r}.log").is_file()}
+    outputs["mpirun"] = (result.stdout + result.stderr)[-3000:]  # what the ranks' children printed
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     return result.returncode, outputs, events
 
@@ -269,6 +280,16 @@ def test_without_tensorrt_llm_an_mpi_launch_is_refused(monkeypatch):
     monkeypatch.setenv("PMI_SIZE", "4")
     with pytest.raises(WorldSizeError, match="one of 4 MPI processes, but tensorrt_llm .* is not installed"):
         mpi_world()
+
+
+def test_a_ranks_child_gets_the_users_mpi_settings_but_not_the_launchers():
+    env = {"PATH": "/bin", "OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_ess_base_jobid": "7", "PMIX_RANK": "1"}
+    env |= {"PMI_SIZE": "2", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert launcher_free_env(env) == {
+        "PATH": "/bin",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
 
 
 def test_check_world_says_how_to_launch():

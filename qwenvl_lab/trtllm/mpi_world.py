@@ -16,6 +16,9 @@ from .gpu import GPUStackError
 LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # the prefixes of every variable those launchers give a rank (Open MPI 5 / PRRTE / PMIx, Hydra / PMI)
 LAUNCHER_VAR_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "PMI_", "HYDRA_")
+# the user's own Open MPI settings under those prefixes, which a child needs too: as root, Open MPI 4 refuses to
+# start without both (mpirun's --allow-run-as-root reaches only mpirun's own processes)
+USER_MPI_VARS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
 class WorldSizeError(RuntimeError):
@@ -53,10 +56,10 @@ def launcher_free_env(env=None) -> dict:
 
     A rank's child that initializes MPI with its parent's launcher variables tries to join the parent's job as that
     rank and hangs or fails (measured with Open MPI 5.0 here: docs/tensorrt.md); without them it is an MPI world of
-    its own, as when `trtllm-build` runs in a shell.
+    its own, as when `trtllm-build` runs in a shell. USER_MPI_VARS stay.
     """
     env = os.environ if env is None else env
-    return {k: v for k, v in env.items() if not k.startswith(LAUNCHER_VAR_PREFIXES)}
+    return {k: v for k, v in env.items() if k in USER_MPI_VARS or not k.startswith(LAUNCHER_VAR_PREFIXES)}
 
 
 def mpi_world() -> MpiWorld:
