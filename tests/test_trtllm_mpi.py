@@ -209,6 +209,7 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     if os.geteuid() == 0:  # Open MPI refuses root unless told, in mpirun's flag and (for the ranks' children) in env
         command.append("--allow-run-as-root")
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env["OMPI_MCA_plm"] = "^rsh"  # one machine: no ssh needed, and Open MPI 4 wants one for a rank's child otherwise
     command += [sys.executable, str(stand_in / "driver.py"), "--stage", "gpu", "--checkpoint", str(checkpoint)]
     command += ["--image", str(IMAGE), "--workdir", str(workdir), "--max-new-tokens", "6", *args]
     session = tempfile.mkdtemp(prefix="qwenvl-mpi-")  # Open MPI's session files (short: they hold Unix sockets)
@@ -283,13 +284,14 @@ def test_without_tensorrt_llm_an_mpi_launch_is_refused(monkeypatch):
 
 
 def test_a_ranks_child_gets_the_users_mpi_settings_but_not_the_launchers():
-    env = {"PATH": "/bin", "OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_ess_base_jobid": "7", "PMIX_RANK": "1"}
-    env |= {"PMI_SIZE": "2", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    assert launcher_free_env(env) == {
+    launchers = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_ess_base_jobid": "7", "PMIX_RANK": "1", "PMI_SIZE": "2"}
+    mine = {
         "PATH": "/bin",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_plm": "^rsh",
     }
+    assert launcher_free_env({**launchers, **mine, "PRTE_MCA_x": "y"}) == mine
 
 
 def test_check_world_says_how_to_launch():
