@@ -9,6 +9,7 @@ import torch
 from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.trtllm.build_command import prompt_table_size, run_trtllm_build, trtllm_build_command
 from qwenvl_lab.trtllm.gpu import GPUStackError, missing_gpu_stack
+from qwenvl_lab.trtllm.mpi_world import USER_MPI_VARS
 
 README = BuildConfig(
     max_batch_size=8, max_input_len=2048, max_seq_len=3072, max_prompt_embedding_table_size=2048, dtype="float16"
@@ -125,9 +126,12 @@ def test_the_build_runs_through_this_interpreter_without_trtllm_build_on_path(tm
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no trtllm-build anywhere on PATH
     monkeypatch.setenv("STAND_IN_ARGV_FILE", str(tmp_path / "argv.json"))
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")  # as under mpirun: the build must not join the rank's MPI job
+    for name in USER_MPI_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_MCA_plm", "^rsh")  # ... but keeps the user's own settings
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert missing_gpu_stack("tensorrt_llm", "cuda") == []
     command = trtllm_build_command(tmp_path / "c", tmp_path / "e", README)
     saved = json.loads(json.dumps(command))  # the GPU stage reads the command the prepare stage saved
     assert run_trtllm_build(saved) == tmp_path / "e"
-    assert json.loads((tmp_path / "argv.json").read_text()) == dict(argv=command[1:], mpi=[])
+    assert json.loads((tmp_path / "argv.json").read_text()) == dict(argv=command[1:], mpi=["OMPI_MCA_plm"])
