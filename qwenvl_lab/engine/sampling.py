@@ -45,6 +45,6 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(dim=-1)
     blocks = logits.reshape(n, vocab // ARGMAX_BLOCK, ARGMAX_BLOCK)  # [n, V/B, B]
     best = blocks.amax(dim=-1).argmax(dim=-1)  # [n]
-    rows = torch.arange(n, device=logits.device)  # on the logits' device: a CPU index would make a GPU wait
+    rows = torch.arange(n, device=logits.device)  # on the logits' device: a CPU index makes the host wait for the GPU
     inside = blocks[rows, best].argmax(dim=-1)  # [n]
     return best * ARGMAX_BLOCK + inside

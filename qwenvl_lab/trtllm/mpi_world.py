@@ -18,8 +18,8 @@ LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 LAUNCHER_VAR_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "PMI_", "HYDRA_")
 # the user's own Open MPI settings under those prefixes, which a child that starts MPI alone needs too: leave to run
 # as root (mpirun's --allow-run-as-root reaches only mpirun's own processes), and the launcher choice, as in
-# OMPI_MCA_plm=^rsh where no ssh or rsh is installed (Open MPI 4's singleton start fails there otherwise:
-# open-mpi/ompi#12386)
+# OMPI_MCA_plm=^rsh where no ssh or rsh is installed (Open MPI 4's rsh launcher fails early there otherwise, even on
+# one machine: open-mpi/ompi#12386)
 USER_MPI_VARS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMPI_MCA_plm")
 
 
