@@ -116,6 +116,11 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
+def pythonpath(*first, env=os.environ) -> str:
+    """A PYTHONPATH for a test's subprocess: the folders `first`, then what `env` already holds."""
+    return os.pathsep.join(filter(None, [*map(str, first), env.get("PYTHONPATH")]))
+
+
 def refuse_writes_in(monkeypatch, folder) -> None:
     """Make `folder` read-only for this test: creating a file or a folder directly in it is refused (as root, a
     chmod would not stop the test process)."""

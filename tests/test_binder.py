@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 COPIED = (
@@ -61,7 +62,7 @@ def binder_repo(tmp_path):
     }
     env.update(
         PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")])),  # the copy first, then ours
+        PYTHONPATH=pythonpath(repo, env=env),  # the copy first, then ours
         HOME=str(tmp_path / "home"),
     )
     return repo, env

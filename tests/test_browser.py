@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from chromium import CHROMIUM_FLAGS  # tests/chromium.py
+from conftest import pythonpath
 
 from qwenvl_lab.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
 from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER, output_dir
@@ -145,7 +146,7 @@ def running_lab(root: Path, home: Path):
     env.update(
         {
             OUTPUT_ENV: str(home / "course-output"),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": pythonpath(REPO, env=env),
             "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
             "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
             "JUPYTER_RUNTIME_DIR": str(home / "runtime"),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import pythonpath
 
 import qwenvl_lab
 from qwenvl_lab import doctor, fonts, resources
@@ -439,7 +440,7 @@ def test_command_line_exits_non_zero_when_the_model_is_missing(tmp_path):
     env = {**os.environ, toy.CHECKPOINT_ENV: str(tmp_path / "missing"), resources.OUTPUT_ENV: str(tmp_path / "out")}
     # the package under test, installed or not (run from a checkout with PYTHONPATH, as on the GPU machine)
     package_root = str(Path(qwenvl_lab.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = pythonpath(package_root, env=env)
     result = subprocess.run(
         [sys.executable, "-m", "qwenvl_lab.doctor"], env=env, capture_output=True, text=True, cwd=tmp_path
     )

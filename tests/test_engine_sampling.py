@@ -68,8 +68,8 @@ def test_greedy_tokens_are_argmax_ties_included(vocab):
 
 @pytest.mark.parametrize("vocab", [151936, 1000])
 def test_picking_a_token_reads_nothing_from_another_device(vocab):
-    """On a GPU, an index tensor made on the CPU is copied over and the copy waits for every queued kernel, so the
-    decode loop could no longer run ahead of the GPU. Logits on the meta device: every operation's tensors must be
+    """On a GPU, PyTorch copies a CPU index over with a blocking copy, so the host waits for the queued steps and
+    the decode loop can no longer run ahead of the GPU. Logits on the meta device: every operation's tensors must be
     there too."""
     devices = set()
 

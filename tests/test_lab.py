@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import pythonpath
 
 from qwenvl_lab import lab
 
@@ -178,7 +179,7 @@ PROBE_SERVER = "import json, os; print(json.dumps([os.getcwd(), os.environ['QWEN
 def test_run_starts_another_server_command_in_the_learners_folder(tmp_path):
     mine = tmp_path / "learner"
     env = {k: v for k, v in os.environ.items() if k not in ("QWENVL_LAB_OUTPUT", lab.WORKDIR_ENV)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = pythonpath(REPO, env=env)
     done = subprocess.run(
         [sys.executable, "-m", "qwenvl_lab.lab", "--workdir", str(mine), "--run", sys.executable, "-c", PROBE_SERVER],
         env=env,

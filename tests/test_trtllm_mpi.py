@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import pythonpath
 from test_trtllm_runner import write_engine
 
 from qwenvl_lab.trtllm.mpi_world import (
@@ -196,9 +197,7 @@ def run_world(stand_in, checkpoint, workdir, tmp_path, *args, fails=False):
     out.mkdir()
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(stand_in), str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")])
-        ),
+        PYTHONPATH=pythonpath(stand_in, TESTS, TESTS.parent),
         STAND_IN_LOG=str(log),
         STAND_IN_OUT=str(out),
     )
