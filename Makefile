@@ -72,7 +72,7 @@ $(VENV_STAMP):
 	             "docs/install.md, 'Getting Python 3.11-3.13', says how to get one" >&2; exit 1; \
 	    fi; \
 	    if [ -n "$(PREFLIGHT)" ] || ! "$$python" -c '$(PYTHON_OK)' 2>/dev/null; then \
-	        TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.doctor --before-install $(filter-out --before-install,$(PREFLIGHT)) || { \
+	        TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.course.doctor --before-install $(filter-out --before-install,$(PREFLIGHT)) || { \
 	            echo "error: nothing was installed; fix what the doctor says (fix: lines), then run make $(or $(MAKECMDGOALS),setup) again" >&2; \
 	            exit 1; }; \
 	    fi; \
@@ -122,7 +122,7 @@ $(BROWSER_STAMP): $(TEST_STAMP)
 	touch $@
 
 lab: $(COURSE_STAMP)
-	$(PY) -m qwenvl_lab.lab $(LAB_ARGS)
+	$(PY) -m qwenvl_lab.course.lab $(LAB_ARGS)
 
 # both stages in .venv once it exists; in a bare clone the first stage, with the Python `make lab` would take
 doctor:
@@ -131,18 +131,18 @@ doctor:
 	    echo "error: no Python 3 found (tried $(PYTHON_CANDIDATES)); docs/install.md says how to get Python 3.11-3.13" >&2; \
 	    exit 1; \
 	fi; \
-	echo "$$python -m qwenvl_lab.doctor"; TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.doctor
+	echo "$$python -m qwenvl_lab.course.doctor"; TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.course.doctor
 
 reset: $(COURSE_STAMP)
 	@if [ -z "$(NOTEBOOK)" ]; then echo "usage: make reset NOTEBOOK=03 (a course notebook's number or name)" >&2; exit 2; fi
-	$(PY) -m qwenvl_lab.lab --reset "$(NOTEBOOK)"
+	$(PY) -m qwenvl_lab.course.lab --reset "$(NOTEBOOK)"
 
 test: lint
 	$(PYTEST) -m "not browser" tests notebooks --nbval --nbval-current-env
 
 lint: $(TEST_STAMP)
-	$(PY) -m ruff check qwenvl_lab tests notebooks
-	$(PY) -m ruff format --check qwenvl_lab tests
+	$(PY) -m ruff check qwenvl_lab tools tests notebooks
+	$(PY) -m ruff format --check qwenvl_lab tools tests
 
 unit: $(TEST_STAMP)
 	$(PYTEST) -m "not browser and not slow" tests
@@ -167,7 +167,7 @@ $(SITE_STAMP): $(COURSE_STAMP)
 	touch $@
 
 site: $(SITE_STAMP)
-	$(PY) -m qwenvl_lab.website $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY))
+	$(PY) tools/website.py $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY))
 
 # every page in headless Chromium: renders, links and anchors resolve, figures load, Chinese text shows
 # (needs Debian's chromium and a CJK font: apt-get install chromium fonts-wqy-microhei)
@@ -189,7 +189,7 @@ $(HUB_STAMP): $(COURSE_STAMP)
 	touch $@
 
 class-load: $(HUB_STAMP)
-	$(PY) -m qwenvl_lab.classload --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
+	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py

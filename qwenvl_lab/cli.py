@@ -11,18 +11,34 @@ import re
 import sys
 from pathlib import Path
 
-# subcommand → (module whose main(argv) runs it, one line of help)
+# the one dispatch table: subcommand → (the function that runs it, as "module:function", one line of help). Each
+# module loads only when its subcommand runs; `doctor` and `lab` are the course's own commands (qwenvl_lab.course)
 SUBCOMMANDS = {
-    "ask": ("qwenvl_lab.cli", "answer a question about pictures with the course's model or an engine"),
-    "chat": ("qwenvl_lab.cli", "chat about pictures with an engine: streamed answers, boxes saved as pictures"),
-    "build": ("qwenvl_lab.cli", "build an engine directory from a Qwen-VL checkpoint"),
-    "bench": ("qwenvl_lab.bench", "eager transformers against the engine: speed, memory, the bandwidth limit"),
-    "train": ("qwenvl_lab.toy.train", "train the toy model on shape pictures"),
-    "evaluate": ("qwenvl_lab.toy.evaluate", "held-out accuracy of the toy model, with its prompt table and zeroed"),
-    "trtllm": ("qwenvl_lab.trtllm.pipeline", "the TensorRT path: ONNX, plan, checkpoint, trtllm-build, one answer"),
-    "doctor": ("qwenvl_lab.doctor", "check this machine for the course, one line per check"),
-    "lab": ("qwenvl_lab.lab", "open the course in JupyterLab on your own copies of the notebooks"),
+    "ask": ("qwenvl_lab.cli:ask_main", "answer a question about pictures with the course's model or an engine"),
+    "chat": (
+        "qwenvl_lab.cli:chat_main",
+        "chat about pictures with an engine: streamed answers, boxes saved as pictures",
+    ),
+    "build": ("qwenvl_lab.cli:build_main", "build an engine directory from a Qwen-VL checkpoint"),
+    "bench": ("qwenvl_lab.bench:main", "eager transformers against the engine: speed, memory, the bandwidth limit"),
+    "train": ("qwenvl_lab.toy.train:main", "train the toy model on shape pictures"),
+    "evaluate": (
+        "qwenvl_lab.toy.evaluate:main",
+        "held-out accuracy of the toy model, with its prompt table and zeroed",
+    ),
+    "trtllm": (
+        "qwenvl_lab.trtllm.pipeline:main",
+        "the TensorRT path: ONNX, plan, checkpoint, trtllm-build, one answer",
+    ),
+    "doctor": ("qwenvl_lab.course.doctor:main", "check this machine for the course, one line per check"),
+    "lab": ("qwenvl_lab.course.lab:main", "open the course in JupyterLab on your own copies of the notebooks"),
 }
+
+
+def command_function(name: str):
+    """The function that runs subcommand `name` (its module imported now)."""
+    module, _, function = SUBCOMMANDS[name][0].partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def count(low: int):
@@ -165,7 +181,7 @@ def attach(rest: str, write) -> list[Path]:
 
 def answer_turn(talk, line: str, pictures, left_out: int, boxes_dir: Path, write) -> int:
     """One question of the chat, its answer streamed, its boxes drawn and saved: the turns left out so far."""
-    from .widgets import boxes_picture  # the boxes drawn as the chat panel draws them (PIL): the chat command only
+    from .grounding import boxes_picture  # PIL: loaded by the chat command only
 
     write("model> ", end="", flush=True)
     try:
@@ -179,7 +195,7 @@ def answer_turn(talk, line: str, pictures, left_out: int, boxes_dir: Path, write
         left_out = talk.left_out
         turns = "the oldest turn no longer fits" if left_out == 1 else f"the {left_out} oldest turns no longer fit"
         write(f"({turns} the engine: left out of the conversation; /clear starts afresh)")
-    drawn = boxes_picture(talk, answer)
+    drawn = boxes_picture(talk.pictures, answer)
     if drawn is not None:
         try:
             write(f"(boxes drawn on the picture: {save_new_picture(boxes_dir, drawn)})")
@@ -322,8 +338,7 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         parser.parse_args(argv[:1] or ["--help"])
     name, rest = argv[0], argv[1:]
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    run = {"ask": ask_main, "chat": chat_main, "build": build_main}.get(name, getattr(module, "main", None))
+    run = command_function(name)
     try:
         status = run(rest)
     except (ValueError, TypeError, OSError, RuntimeError) as err:  # bad input, a full disk, a busy machine: one line

@@ -364,3 +364,11 @@ def draw_boxes(image, boxes, font=None) -> Image.Image:
             draw.rectangle((x1, y, x1 + w - 1, y + h - 1), fill=color)
             draw.text((x1 + 2 - left, y + 2 - top), text, fill=(255, 255, 255), font=label_font)
     return picture
+
+
+def boxes_picture(pictures, answer: str):
+    """The latest of `pictures` with the answer's <ref>/<box> boxes drawn, or None without boxes (or pictures)."""
+    if not pictures or "<box>" not in answer:
+        return None
+    boxes = parse_boxes(answer, picture=pictures[-1], strict=False)
+    return draw_boxes(pictures[-1], boxes) if boxes else None

@@ -5,12 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from qwenvl_lab import cli
+
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 
 # lowest first; a module imports from lower layers and, inside a subpackage, from its own subpackage (without cycles)
 LAYERS = [
     ["checks"],
-    ["files", "resources", "claims", "pictures"],
+    ["files", "resources", "pictures"],
     ["tokenizing", "fonts"],
     ["img_pos"],
     ["fake_ids"],
@@ -25,11 +27,9 @@ LAYERS = [
     ["chat"],
     ["infer", "trtllm.pipeline"],
     ["toy"],
-    ["diagrams"],
-    ["widgets", "course_map", "exercises", "listing"],
-    ["bench", "doctor", "lab", "study_time"],
-    ["factcheck", "classload", "website"],
+    ["bench"],
     ["cli"],
+    ["course"],  # the course's apparatus, above everything: nothing outside it imports it
 ]
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 
@@ -123,3 +123,34 @@ def test_the_runtimes_import_no_answer_path():
     runtime = [m for m in MODULES if m.split(".")[0] in ("engine", "trtllm") and m != "trtllm.pipeline"]
     above = {m: sorted(i for i in MODULES[m] if i in ("chat", "infer", "trtllm.pipeline")) for m in runtime}
     assert {m: i for m, i in above.items() if i} == {}
+
+
+def test_nothing_outside_the_course_room_imports_it():
+    """The mechanism reads without the course's apparatus: only modules of course/ import course/."""
+    outside = {
+        m: sorted(i for i in MODULES[m] if i.split(".")[0] == "course") for m in MODULES if m.split(".")[0] != "course"
+    }
+    assert {m: i for m, i in outside.items() if i} == {}
+
+
+def test_the_package_never_imports_the_projects_tools():
+    """tools/ (the class load test, the study-time model, the site builder) is the project's, not the installed
+    package's: no module of the package imports it."""
+    found = {}
+    for name, path in FILES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            modules += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(m == "tools" or m.startswith("tools.") for m in modules):
+                found.setdefault(name, []).append(node.lineno)
+    assert found == {}
+
+
+def test_every_cli_subcommand_names_a_function_that_exists():
+    """The command line's one dispatch table: each entry names a module and a function in it; only the course's own
+    commands (doctor, lab) name course/, and they load only when run."""
+    for name, (target, _) in cli.SUBCOMMANDS.items():
+        module, _, function = target.partition(":")
+        assert module.startswith("qwenvl_lab.") and function, name
+        assert callable(cli.command_function(name)), name
+    assert sorted(n for n, (t, _) in cli.SUBCOMMANDS.items() if t.startswith("qwenvl_lab.course.")) == ["doctor", "lab"]

@@ -30,9 +30,9 @@ import pytest
 from chromium import CHROMIUM_FLAGS  # tests/chromium.py
 from conftest import pythonpath
 
-from qwenvl_lab.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
+from qwenvl_lab.course.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
+from qwenvl_lab.course.widgets import HEATMAP_CLASS
 from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER, output_dir
-from qwenvl_lab.widgets import HEATMAP_CLASS
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "notebooks" / "solutions").glob("*.ipynb"))
@@ -206,7 +206,7 @@ def lab(tmp_path_factory):
 @pytest.fixture(scope="module")
 def learner_lab(tmp_path_factory):
     """JupyterLab rooted at a learner's checkout: the repository's files (linked), and my-notebooks/ made by
-    qwenvl_lab.lab as `make lab` makes it."""
+    qwenvl_lab.course.lab as `make lab` makes it."""
     checkout = tmp_path_factory.mktemp("learner-checkout")
     for entry in REPO.iterdir():
         if entry.name not in (MY_FOLDER, ".git", OUTPUT_FOLDER):

@@ -1,4 +1,4 @@
-"""The class load test's parts (`python -m qwenvl_lab.classload`): statistics, notebooks' cells and outputs, the kernel
+"""The class load test's parts (`python tools/classload.py`): statistics, notebooks' cells and outputs, the kernel
 protocol's frames, the shared install's snapshot, the hub's configuration. The whole run is `make class-load`."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from traitlets.config.loader import PyFileConfigLoader
 
-from qwenvl_lab import classload
+from tools import classload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_the_instructors_config_runs_the_course_from_the_shared_install(monkeypa
     monkeypatch.setenv("QWENVL_LAB_COURSE", "/srv/course")
     config = load_config(INSTRUCTOR)
     cmd = config.Spawner.cmd
-    assert cmd[:3] == ["/srv/course/.venv/bin/python", "-m", "qwenvl_lab.lab"]
+    assert cmd[:3] == ["/srv/course/.venv/bin/python", "-m", "qwenvl_lab.course.lab"]
     assert (
         cmd[3:6] == ["--workdir", "~/qwenvl-lab", "--run"] and cmd[-1] == "/srv/course/.venv/bin/jupyterhub-singleuser"
     )
@@ -139,7 +139,7 @@ def test_the_load_tests_config_is_the_instructors_on_loopback(tmp_path):
     assert config.JupyterHub.bind_url == "http://127.0.0.1:8123" and config.Spawner.ip == "127.0.0.1"
     assert config.ConfigurableHTTPProxy.api_url.startswith("http://127.0.0.1:")
     assert config.Authenticator.allowed_users == {"qwl-a", "qwl-b"} and config.DummyAuthenticator.password == "secret"
-    assert config.Spawner.cmd[2] == "qwenvl_lab.lab"  # the instructor's, loaded first
+    assert config.Spawner.cmd[2] == "qwenvl_lab.course.lab"  # the instructor's, loaded first
     assert config.JupyterHub.db_url == f"sqlite:///{tmp_path / 'hub.sqlite'}"
 
 

@@ -11,7 +11,7 @@ from conftest import refuse_writes_in
 from PIL import Image
 from safetensors import SafetensorError
 
-from qwenvl_lab import bench, cli, widgets
+from qwenvl_lab import bench, cli, grounding
 from qwenvl_lab.engine import build
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -203,7 +203,7 @@ def chat_session(engine_dir, lines, *extra):
 def test_chat_never_overwrites_earlier_pictures_with_boxes(toy_chat, tmp_path, monkeypatch):
 
     (tmp_path / "turn-1.png").write_bytes(b"from an earlier session")
-    monkeypatch.setattr(widgets, "boxes_picture", lambda talk, answer: Image.new("RGB", (8, 8), (200, 0, 0)))
+    monkeypatch.setattr(grounding, "boxes_picture", lambda pictures, answer: Image.new("RGB", (8, 8), (200, 0, 0)))
     text = chat_session(
         toy_chat[0].engine_dir,
         ["/image " + str(IMAGES / "red_circle.png"), "Where is it?", "And now?"],

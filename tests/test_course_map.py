@@ -5,7 +5,7 @@ import matplotlib
 import pytest
 from matplotlib.patches import FancyBboxPatch
 
-from qwenvl_lab.course_map import HERE_EDGE, PATH_COLORS, pipeline_map, pipeline_steps
+from qwenvl_lab.course.course_map import HERE_EDGE, PATH_COLORS, pipeline_map, pipeline_steps
 from qwenvl_lab.modeling import QWenVLConfig
 
 matplotlib.use("Agg")

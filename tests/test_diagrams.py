@@ -5,7 +5,7 @@ import matplotlib
 import pytest
 import torch
 
-from qwenvl_lab.diagrams import plot_embedding_sources, plot_next_token, plot_table_layout
+from qwenvl_lab.course.diagrams import plot_embedding_sources, plot_next_token, plot_table_layout
 from qwenvl_lab.prompt_table import TableBlock, lookup_rows, per_request_tables, single_table_batch, table_layout
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 

@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.doctor`: each check finds what is there, names what is broken and says how to fix it; the
+"""`python -m qwenvl_lab.course.doctor`: each check finds what is there, names what is broken and says how to fix it; the
 first stage runs on any Python 3.6+ with the standard library alone."""
 
 import ast
@@ -20,8 +20,9 @@ import torch
 from conftest import pythonpath
 
 import qwenvl_lab
-from qwenvl_lab import doctor, fonts, resources
-from qwenvl_lab.doctor import FAIL, OK, WARN, Check
+from qwenvl_lab import fonts, resources
+from qwenvl_lab.course import doctor
+from qwenvl_lab.course.doctor import FAIL, OK, WARN, Check
 from qwenvl_lab.toy import course as toy
 
 
@@ -418,11 +419,11 @@ def test_first_stage_runs_on_every_python_3_in_a_bare_clone(tmp_path):
     found = bare_interpreters()
     if len(found) < 2:
         pytest.skip("needs other Python 3 interpreters (PATH or pyenv); found " + ", ".join(map(str, found)))
-    assert ast.parse((REPO / "qwenvl_lab" / "doctor.py").read_text(), feature_version=(3, 6))
+    assert ast.parse((REPO / "qwenvl_lab" / "course" / "doctor.py").read_text(), feature_version=(3, 6))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     for version, python in sorted(found.items()):
         result = subprocess.run(
-            [python, "-s", "-m", "qwenvl_lab.doctor", "--before-install", "--no-network"],
+            [python, "-s", "-m", "qwenvl_lab.course.doctor", "--before-install", "--no-network"],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -442,7 +443,7 @@ def test_command_line_exits_non_zero_when_the_model_is_missing(tmp_path):
     package_root = str(Path(qwenvl_lab.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pythonpath(package_root, env=env)
     result = subprocess.run(
-        [sys.executable, "-m", "qwenvl_lab.doctor"], env=env, capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-m", "qwenvl_lab.course.doctor"], env=env, capture_output=True, text=True, cwd=tmp_path
     )
     assert result.returncode == 1, result.stdout + result.stderr
     lines = result.stdout.splitlines()

@@ -6,8 +6,9 @@ import unicodedata
 import pytest
 import torch
 
-from qwenvl_lab import exercises, load_tokenizer, locate_img_pos, make_context
-from qwenvl_lab.exercises import REGISTRY, check, nb01, nb02
+from qwenvl_lab import load_tokenizer, locate_img_pos, make_context
+from qwenvl_lab.course import exercises
+from qwenvl_lab.course.exercises import REGISTRY, check, nb01, nb02
 from qwenvl_lab.tokenizing import (
     ENDOFTEXT_ID,
     IMAGE_END_ID,

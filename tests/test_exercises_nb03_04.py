@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import qwenvl_lab.exercises as exercises
+import qwenvl_lab.course.exercises as exercises
 from qwenvl_lab import load_tokenizer, make_context
 from qwenvl_lab.chat import ModelAsRunner, answer_text
-from qwenvl_lab.exercises import check, nb04
+from qwenvl_lab.course.exercises import check, nb04
 from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.prompt_table import prompt_tuning_embedding

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from qwenvl_lab import exercises
+from qwenvl_lab.course import exercises
+from qwenvl_lab.course.exercises import check
 from qwenvl_lab.engine import BuildConfig
-from qwenvl_lab.exercises import check
 from qwenvl_lab.trtllm.build_command import trtllm_build_command
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qwenvl_lab import exercises, make_context
+from qwenvl_lab import make_context
 from qwenvl_lab.chat import ModelAsRunner, ask, make_prompt
-from qwenvl_lab.exercises import check, nb06
+from qwenvl_lab.course import exercises
+from qwenvl_lab.course.exercises import check, nb06
 from qwenvl_lab.prompt_table import per_request_tables, single_table_batch
 from qwenvl_lab.resources import images_dir
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, IM_END_ID, IMAGE_START_ID

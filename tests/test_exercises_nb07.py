@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qwenvl_lab import exercises
-from qwenvl_lab.exercises import check
+from qwenvl_lab.course import exercises
+from qwenvl_lab.course.exercises import check
 from qwenvl_lab.modeling import QWenVLConfig
 from qwenvl_lab.resources import data_dir
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from qwenvl_lab import exercises
-from qwenvl_lab.exercises import check
+from qwenvl_lab.course import exercises
+from qwenvl_lab.course.exercises import check
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import qwenvl_lab.exercises as exercises
-from qwenvl_lab.exercises import check
+import qwenvl_lab.course.exercises as exercises
+from qwenvl_lab.course.exercises import check
 from qwenvl_lab.placeholder_merge import fuse_input_embeds
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from qwenvl_lab import factcheck as fc
 from qwenvl_lab.chat import ModelAsRunner, ask_batch, make_prompt
+from qwenvl_lab.course import factcheck as fc
 from qwenvl_lab.engine import BuildConfig, ModelRunner
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.modeling import QWEN_VL_CHAT_VISUAL
@@ -238,8 +238,13 @@ def test_memory_by_dtype_refuses_bad_input_before_starting_processes(tmp_path, t
 
 @pytest.mark.slow
 def test_the_memory_child_needs_its_arguments():
-    run = subprocess.run([sys.executable, "-m", "qwenvl_lab.factcheck", "memory"], capture_output=True, text=True)
-    assert run.returncode != 0 and "usage: python -m qwenvl_lab.factcheck table | memory DTYPE CHECKPOINT" in run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "qwenvl_lab.course.factcheck", "memory"], capture_output=True, text=True
+    )
+    assert (
+        run.returncode != 0
+        and "usage: python -m qwenvl_lab.course.factcheck table | memory DTYPE CHECKPOINT" in run.stderr
+    )
 
 
 def test_the_table_command_prints_the_claims_table(capsys):

@@ -25,6 +25,7 @@ from PIL import Image
 from qwenvl_lab import grounding
 from qwenvl_lab.checkpoint import TINY_CONFIG, CheckpointError, save_checkpoint
 from qwenvl_lab.checks.tensors import as_batch, to_torch_dtype
+from qwenvl_lab.course.widgets import picture_from_upload
 from qwenvl_lab.engine import ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.fake_ids import replace_image_spans
 from qwenvl_lab.grounding import to_list_format
@@ -46,7 +47,6 @@ from qwenvl_lab.tokenizing import (
     Query,
     make_context,
 )
-from qwenvl_lab.widgets import picture_from_upload
 
 # the deliberate errors of the package (compared by exact type: a subclass such as JSONDecodeError is a bug)
 ALLOWED_ERRORS = (

@@ -19,8 +19,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from qwenvl_lab import doctor, resources
-from qwenvl_lab.doctor import PYTHON_RANGE
+from qwenvl_lab import resources
+from qwenvl_lab.course import doctor
+from qwenvl_lab.course.doctor import PYTHON_RANGE
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))

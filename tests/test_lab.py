@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.lab`: learners' notebook copies (made once, never overwritten, reset on request) and the
+"""`python -m qwenvl_lab.course.lab`: learners' notebook copies (made once, never overwritten, reset on request) and the
 JupyterLab command (repository root, first notebook, --allow-root as root, news announcements off)."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import pythonpath
 
-from qwenvl_lab import lab
+from qwenvl_lab.course import lab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -181,7 +181,17 @@ def test_run_starts_another_server_command_in_the_learners_folder(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("QWENVL_LAB_OUTPUT", lab.WORKDIR_ENV)}
     env["PYTHONPATH"] = pythonpath(REPO, env=env)
     done = subprocess.run(
-        [sys.executable, "-m", "qwenvl_lab.lab", "--workdir", str(mine), "--run", sys.executable, "-c", PROBE_SERVER],
+        [
+            sys.executable,
+            "-m",
+            "qwenvl_lab.course.lab",
+            "--workdir",
+            str(mine),
+            "--run",
+            sys.executable,
+            "-c",
+            PROBE_SERVER,
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -193,7 +203,7 @@ def test_run_starts_another_server_command_in_the_learners_folder(tmp_path):
     assert config.split(os.pathsep)[0] == str(REPO / ".jupyter")
     assert (mine / "my-notebooks" / "00_welcome.ipynb").is_file() and (mine / "data" / "images").is_dir()
     missing = subprocess.run(
-        [sys.executable, "-m", "qwenvl_lab.lab", "--workdir", str(mine), "--run", "no-such-server"],
+        [sys.executable, "-m", "qwenvl_lab.course.lab", "--workdir", str(mine), "--run", "no-such-server"],
         env=env,
         capture_output=True,
         text=True,

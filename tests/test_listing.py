@@ -4,8 +4,8 @@ import inspect
 
 import pytest
 
+from qwenvl_lab.course.listing import excerpt, show_source
 from qwenvl_lab.fake_ids import make_fake_prompt_ids
-from qwenvl_lab.listing import excerpt, show_source
 
 
 def test_show_source_prints_the_whole_function_or_the_lines_between_two_markers(capsys):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_lab.exercises import selfcheck
-from qwenvl_lab.exercises.selfcheck import Question, right, wrong
+from qwenvl_lab.course.exercises import selfcheck
+from qwenvl_lab.course.exercises.selfcheck import Question, right, wrong
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = (
@@ -34,9 +34,9 @@ def sample_bank(monkeypatch):
         calls.append(1)
         return list(SAMPLE)
 
-    module = types.ModuleType("qwenvl_lab.exercises.nb99")
+    module = types.ModuleType("qwenvl_lab.course.exercises.nb99")
     module.SELF_CHECK = bank
-    monkeypatch.setitem(sys.modules, "qwenvl_lab.exercises.nb99", module)
+    monkeypatch.setitem(sys.modules, "qwenvl_lab.course.exercises.nb99", module)
     selfcheck._bank.cache_clear()
     yield calls
     selfcheck._bank.cache_clear()

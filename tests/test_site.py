@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from chromium import CHROMIUM_FLAGS  # tests/chromium.py
 
-from qwenvl_lab import website
+from tools import website
 
 REPO = Path(__file__).resolve().parents[1]
 REPOSITORY = "example/qwenvl-lab"  # the launch buttons' GitHub repository in this test
@@ -87,9 +87,8 @@ PAGE_FACTS = """() => ({
 
 def toc_pages() -> set[str]:
     """The site path of every page the table of contents names."""
-    import yaml
 
-    toc = yaml.safe_load((REPO / website.SITE / "_toc.yml").read_text())
+    toc = website.site_toc(REPO)
     found, todo = {toc["root"]}, [c for part in toc["parts"] for c in part["chapters"]]
     while todo:
         entry = todo.pop()

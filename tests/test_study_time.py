@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_lab import study_time as st
-from qwenvl_lab.exercises import selfcheck
+from qwenvl_lab.course.exercises import selfcheck
+from tools import study_time as st
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,5 +80,5 @@ def test_the_readme_and_the_workshop_plan_quote_the_counted_times():
         notebook = next((REPO / "notebooks").glob(f"{number}_*.ipynb"))
         questions = len(selfcheck.questions(number)) if number in having else 0
         assert st.study_time(notebook, questions).rounded == readme[number], (
-            f"notebook {number}: `python -m qwenvl_lab.study_time` counts another time than the README quotes"
+            f"notebook {number}: `python tools/study_time.py` counts another time than the README quotes"
         )

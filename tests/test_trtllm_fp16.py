@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qwenvl_lab.checkpoint import load_checkpoint
-from qwenvl_lab.factcheck import feature_drift
+from qwenvl_lab.course.factcheck import feature_drift
 from qwenvl_lab.trtllm.fp16 import onnx_runtime_encoders, to_float16_onnx
 from qwenvl_lab.trtllm.onnx_export import OnnxVisualEncoder, export_visual_onnx
 from qwenvl_lab.trtllm.visual_plan import build_visual_plan, graph_float_types

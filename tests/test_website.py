@@ -1,11 +1,10 @@
-"""The course website's builder (`python -m qwenvl_lab.website`): the repository for the launch buttons, the config
+"""The course website's builder (`python tools/website.py`): the repository for the launch buttons, the config
 it writes, and the links it mends in the built pages. The built pages themselves: tests/test_site.py."""
 
 import pytest
-import yaml
 
-from qwenvl_lab import website
 from qwenvl_lab.resources import checkout_dir
+from tools import website
 
 REPO = checkout_dir()
 
@@ -48,7 +47,7 @@ def test_launch_buttons_open_the_learners_copy_and_folder_links_reach_their_page
 
 def test_every_folder_page_and_toc_entry_exists():
 
-    toc = yaml.safe_load((REPO / website.SITE / "_toc.yml").read_text())
+    toc = website.site_toc(REPO)
     entries = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
     entries += [s["file"] for part in toc["parts"] for c in part["chapters"] for s in c.get("sections", [])]
     missing = [e for e in entries if not any((REPO / f"{e}{suffix}").is_file() for suffix in (".md", ".ipynb"))]

@@ -11,20 +11,7 @@ import torch
 from PIL import Image
 
 from qwenvl_lab.chat import SPAN_NAME, Conversation, GenerationSettings
-from qwenvl_lab.img_pos import locate_img_pos
-from qwenvl_lab.pictures import load_image
-from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch, table_layout
-from qwenvl_lab.tokenizing import (
-    IMAGE_END_ID,
-    IMAGE_PAD_ID,
-    IMAGE_START_ID,
-    IMG_TOKEN_SPAN,
-    MODEL_VOCAB_SIZE,
-    TOKEN_KINDS,
-    make_context,
-)
-from qwenvl_lab.toy.evaluate import ask
-from qwenvl_lab.widgets import (
+from qwenvl_lab.course.widgets import (
     ID_STYLE,
     KIND_COLORS,
     NO_PICTURE,
@@ -34,7 +21,6 @@ from qwenvl_lab.widgets import (
     TokenView,
     ask_panel,
     ask_panel_result,
-    boxes_picture,
     chat_panel,
     chat_turn,
     describe_lookup,
@@ -48,6 +34,20 @@ from qwenvl_lab.widgets import (
     token_viewer,
     transcript_html,
 )
+from qwenvl_lab.grounding import boxes_picture
+from qwenvl_lab.img_pos import locate_img_pos
+from qwenvl_lab.pictures import load_image
+from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch, table_layout
+from qwenvl_lab.tokenizing import (
+    IMAGE_END_ID,
+    IMAGE_PAD_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    MODEL_VOCAB_SIZE,
+    TOKEN_KINDS,
+    make_context,
+)
+from qwenvl_lab.toy.evaluate import ask
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 widgets = pytest.importorskip("ipywidgets")
@@ -509,8 +509,8 @@ def test_chat_turn_streams_and_boxes_are_drawn_on_the_latest_picture(toy_chat):
     picture = str(IMAGES / "red_circle.png")
     partial = list(chat_turn(talk, "What is in the picture?", picture))
     assert partial[-1] == "A red circle." and all(b.startswith(a) for a, b in zip(partial, partial[1:]))
-    assert boxes_picture(talk, partial[-1]) is None  # no box in that answer
-    drawn = boxes_picture(talk, "<ref>the red circle</ref><box>(299,299),(701,701)</box>")
+    assert boxes_picture(talk.pictures, partial[-1]) is None  # no box in that answer
+    drawn = boxes_picture(talk.pictures, "<ref>the red circle</ref><box>(299,299),(701,701)</box>")
     original = Image.open(picture).convert("RGB")
     assert drawn.size == original.size and drawn.getpixel((67, 112)) != original.getpixel((67, 112))  # the left edge
     assert "red_circle.png" in transcript_html(talk) and "A red circle." in transcript_html(talk)

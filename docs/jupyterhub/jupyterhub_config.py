@@ -9,7 +9,7 @@ The instructor installs the course once, as root, where every account can read i
     .venv/bin/jupyterhub -f docs/jupyterhub/jupyterhub_config.py
 
 Learners log in with their system accounts (PAM, JupyterHub's default). Each learner's server starts through
-`python -m qwenvl_lab.lab --workdir ~/qwenvl-lab --run jupyterhub-singleuser`: the notebooks are copied into
+`python -m qwenvl_lab.course.lab --workdir ~/qwenvl-lab --run jupyterhub-singleuser`: the notebooks are copied into
 ~/qwenvl-lab/my-notebooks/ on the first start (never overwritten), course outputs go to ~/qwenvl-lab/course-output/,
 and ~/qwenvl-lab/data, notebooks, qwenvl_lab link to the shared install. `make class-load` runs this file, with a
 password authenticator for its simulated learners, and measures it.
@@ -29,7 +29,7 @@ c.JupyterHub.bind_url = "http://:8000"  # put TLS in front of it (The Littlest J
 c.Spawner.cmd = [
     os.path.join(VENV_BIN, "python"),
     "-m",
-    "qwenvl_lab.lab",
+    "qwenvl_lab.course.lab",
     "--workdir",
     "~/qwenvl-lab",
     "--run",

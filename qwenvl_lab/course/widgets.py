@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from .chat import ModelAsRunner, answer_inputs, engine_inputs, make_prompt
-from .checks.tensors import as_batch, one_int, parse_tasks
-from .checks.values import is_int
+from ..chat import ModelAsRunner, answer_inputs, engine_inputs, make_prompt
+from ..checks.tensors import as_batch, one_int, parse_tasks
+from ..checks.values import is_int
+from ..grounding import boxes_picture, to_list_format
+from ..pictures import load_image
+from ..prompt_table import lookup_rows, table_layout
+from ..tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
 from .diagrams import figure_png, table_heatmap
-from .grounding import draw_boxes, parse_boxes, to_list_format
-from .pictures import load_image
-from .prompt_table import lookup_rows, table_layout
-from .tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
 KIND_COLORS = {
@@ -202,7 +202,7 @@ def plot_token_kinds(tokenizer, input_ids, img_pos=None, attention_mask=None, ax
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    from .fonts import use_cjk_font
+    from ..fonts import use_cjk_font
 
     use_cjk_font()
     input_ids = as_batch(input_ids)  # [B, L]
@@ -472,14 +472,6 @@ def chat_turn(conversation, question: str, picture=None):
         yield answer
 
 
-def boxes_picture(conversation, answer: str):
-    """The conversation's latest picture with the answer's <ref>/<box> boxes drawn, or None without boxes (or picture)."""
-    if not conversation.pictures or "<box>" not in answer:
-        return None
-    boxes = parse_boxes(answer, picture=conversation.pictures[-1], strict=False)
-    return draw_boxes(conversation.pictures[-1], boxes) if boxes else None
-
-
 def thumbnail_html(picture, size: int = 72) -> str:
     """A picture (path or PIL image) as an inline <img> of at most `size` pixels, or "" when it cannot be read."""
     try:
@@ -549,7 +541,7 @@ def chat_panel(conversation, pictures: dict, question: str = "框出图中红色
             return
         finally:
             send.disabled = False
-        drawn = boxes_picture(conversation, conversation.history[-1][1])
+        drawn = boxes_picture(conversation.pictures, conversation.history[-1][1])
         if drawn is not None:
             drawings[len(conversation.history) - 1] = picture_png(drawn, size=240)
         transcript.value, answer.value = transcript_html(conversation, drawings), ""

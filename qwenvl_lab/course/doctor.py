@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.doctor` — check this machine for the course, before and after installing it.
+"""`python -m qwenvl_lab.course.doctor` — check this machine for the course, before and after installing it.
 
 Two stages, one line per check (ok / warn / fail) with a fix. The first, before installing, needs only the standard
 library, so any Python 3.6 or newer runs it in a bare clone: the Python version, venv and ensurepip, make, disk,
@@ -382,7 +382,7 @@ def check_gpu() -> Check:
 def check_vocabulary() -> Check:
     """The shipped qwen.tiktoken: present and with the expected sha256 (the tokenizer refuses any other)."""
     try:
-        from .tokenizing import QWEN_TIKTOKEN_SHA256, VOCAB_RESTORE, load_tokenizer
+        from ..tokenizing import QWEN_TIKTOKEN_SHA256, VOCAB_RESTORE, load_tokenizer
     except ImportError as err:
         return Check("vocabulary", FAIL, f"the tokenizer cannot be imported ({err})", INSTALL_COURSE)
     try:
@@ -395,13 +395,13 @@ def check_vocabulary() -> Check:
 def check_model() -> Check:
     """The course's model: the shipped toy loads and answers a sample picture; another checkpoint's config is read."""
     try:
-        from . import resources
-        from .checkpoint import load_config
-        from .tokenizing import load_tokenizer
-        from .toy import CHECKPOINT_ENV, TOY_DIR, default_checkpoint_dir, load_toy_model
-        from .toy.evaluate import ask
-        from .toy.make_samples import SAMPLES
-        from .toy.shapes import describe, question
+        from .. import resources
+        from ..checkpoint import load_config
+        from ..tokenizing import load_tokenizer
+        from ..toy import CHECKPOINT_ENV, TOY_DIR, default_checkpoint_dir, load_toy_model
+        from ..toy.evaluate import ask
+        from ..toy.make_samples import SAMPLES
+        from ..toy.shapes import describe, question
     except ImportError as err:
         return Check("model", FAIL, f"the model code cannot be imported ({err})", INSTALL_COURSE)
     checkpoint = default_checkpoint_dir()
@@ -476,7 +476,7 @@ def check_widgets() -> Check:
 
 def check_disk() -> Check:
     """Free space where the course writes its outputs (resources.output_dir())."""
-    from . import resources
+    from .. import resources
 
     folder = resources.output_dir()
     free = shutil.disk_usage(folder).free
@@ -529,7 +529,7 @@ def check_tensorrt() -> Check:
 
 def check_cjk_font() -> Check:
     """A CJK font for the Chinese in the figures: the machine's, else only the course's own subset (fonts.py)."""
-    from . import fonts
+    from .. import fonts
 
     if not fonts.shipped_font().is_file():
         return Check("font", WARN, f"the course's font {fonts.shipped_font()} is missing", INSTALL_COURSE)
@@ -594,7 +594,7 @@ def course_installed(find_spec=util.find_spec) -> bool:
 def format_for_notebook(results) -> str:
     """The terminal's lines (format_check) for `results`, with this checkout shown relative to the working folder, the
     Python environment as <python env> and the home folder as ~, so a stored notebook shows no machine's paths."""
-    from . import resources  # the package, imported only where the installed checks need it (module docstring)
+    from .. import resources  # the package, imported only where the installed checks need it (module docstring)
 
     checkout = resources.checkout_dir()
     places = [(str(checkout), os.path.relpath(checkout))] if checkout is not None else []

@@ -9,18 +9,18 @@ from functools import lru_cache
 
 import torch
 
-from ..chat import ModelAsRunner, answer_text, make_prompt
-from ..engine import ModelRunner, load_engine_vision_tower
-from ..engine.sampling import filter_logits
-from ..grounding import parse_boxes
-from ..img_pos import locate_img_pos
-from ..infer import generate_for_qwenvl
-from ..prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
-from ..resources import images_dir
-from ..tokenizing import ENDOFTEXT_ID, IM_END_ID, load_tokenizer
-from ..toy import course_engine, load_course_model
-from ..toy.make_samples import SAMPLES
-from ..toy.shapes import where_is
+from ...chat import ModelAsRunner, answer_text, make_prompt
+from ...engine import ModelRunner, load_engine_vision_tower
+from ...engine.sampling import filter_logits
+from ...grounding import parse_boxes
+from ...img_pos import locate_img_pos
+from ...infer import generate_for_qwenvl
+from ...prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
+from ...resources import images_dir
+from ...tokenizing import ENDOFTEXT_ID, IM_END_ID, load_tokenizer
+from ...toy import course_engine, load_course_model
+from ...toy.make_samples import SAMPLES
+from ...toy.shapes import where_is
 from . import exercise, int_list, whole_number
 from .selfcheck import Question, right, wrong
 

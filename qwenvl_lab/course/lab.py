@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.lab` — open the course in JupyterLab on the learner's own copies of the notebooks.
+"""`python -m qwenvl_lab.course.lab` — open the course in JupyterLab on the learner's own copies of the notebooks.
 
 The course notebooks (notebooks/, with their solutions in notebooks/solutions/) stay pristine: the first start copies
 them into my-notebooks/ (git ignores it), solutions into my-notebooks/solutions/, so every relative link of a copy
@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from .resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
+from ..resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
+from .notebooks import NOTEBOOKS
 
 WORKDIR_ENV = "QWENVL_LAB_WORKDIR"  # a learner's own folder on a shared install (default: the clone itself)
 LINKED = ("data", "notebooks", "qwenvl_lab")  # what a learner's folder links to in the course's clone
@@ -28,7 +29,7 @@ COURSE_FOLDER = "notebooks"
 MY_FOLDER = "my-notebooks"
 SOLUTIONS_FOLDER = "solutions"  # inside the course folder and inside my-notebooks/
 BACKUP_FOLDER = "backup"  # inside my-notebooks/: a learner's copy that --reset replaced
-FIRST_NOTEBOOK = "00_welcome.ipynb"
+FIRST_NOTEBOOK = NOTEBOOKS[0].file
 JUPYTER_CONFIG_FOLDER = ".jupyter"  # labconfig/page_config.json: the news-announcement plugin is switched off
 
 

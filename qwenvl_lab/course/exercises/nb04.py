@@ -4,12 +4,12 @@ from functools import lru_cache
 
 import torch
 
-from ..chat import ModelAsRunner, ask_batch
-from ..limits import BuildConfig
-from ..modeling import QWenVLConfig
-from ..prompt_table import per_request_tables, prompt_tuning_embedding, rows_read, single_table_batch
-from ..resources import images_dir
-from ..tokenizing import (
+from ...chat import ModelAsRunner, ask_batch
+from ...limits import BuildConfig
+from ...modeling import QWenVLConfig
+from ...prompt_table import per_request_tables, prompt_tuning_embedding, rows_read, single_table_batch
+from ...resources import images_dir
+from ...tokenizing import (
     ENDOFTEXT_ID,
     IMAGE_END_ID,
     IMAGE_PAD_ID,
@@ -18,7 +18,7 @@ from ..tokenizing import (
     MODEL_VOCAB_SIZE,
     load_tokenizer,
 )
-from ..toy import load_course_model
+from ...toy import load_course_model
 from . import exercise, whole_number
 from .nb03 import NOT_ATTEMPTED, number_hint
 from .selfcheck import Question, right, wrong

@@ -2,10 +2,10 @@
 
 import torch
 
-from ..fake_ids import make_fake_prompt_ids, replace_image_spans
-from ..img_pos import locate_img_pos
-from ..limits import BuildConfig
-from ..tokenizing import (
+from ...fake_ids import make_fake_prompt_ids, replace_image_spans
+from ...img_pos import locate_img_pos
+from ...limits import BuildConfig
+from ...tokenizing import (
     ENDOFTEXT_ID,
     IMAGE_END_ID,
     IMAGE_START_ID,

@@ -6,9 +6,9 @@ import io
 
 import torch
 
-from .checks.tensors import as_batch
-from .fonts import use_cjk_font
-from .prompt_table import lookup_rows, table_layout
+from ..checks.tensors import as_batch
+from ..fonts import use_cjk_font
+from ..prompt_table import lookup_rows, table_layout
 
 UNUSED_COLOR = "#e5e7eb"
 WORD_EMBEDDING_COLOR, PROMPT_TABLE_COLOR = "#93c5fd", "#4ade80"  # the two sources of an embedding sequence

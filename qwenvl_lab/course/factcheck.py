@@ -5,8 +5,8 @@ Each claim records the one kind of evidence that settles it: a measurement on co
 write (PyTorch, transformers, the CPU or GPU), the upstream source lines notebook 07 quotes, or "not checkable here".
 A verdict that rests on a measurement is recomputed in notebook 07 and must agree with the recorded one (`settle`).
 
-    python -m qwenvl_lab.factcheck table                             # docs/articles.md's claims table (Markdown)
-    python -m qwenvl_lab.factcheck memory float16 data/toy-qwen-vl   # one memory measurement (JSON), a fresh process
+    python -m qwenvl_lab.course.factcheck table                             # docs/articles.md's claims table (Markdown)
+    python -m qwenvl_lab.course.factcheck memory float16 data/toy-qwen-vl   # one memory measurement (JSON), a fresh process
 """
 
 import copy
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bench import (
+from ..bench import (
     PeakMemory,
     engine_generate,
     make_requests,
@@ -33,15 +33,15 @@ from .bench import (
     release_memory,
     timed_runs,
 )
-from .chat import ModelAsRunner, answer_inputs, make_prompt, prompt_inputs
-from .checkpoint import load_checkpoint, load_config
-from .checks.tensors import as_batch, dtype_name
+from ..chat import ModelAsRunner, answer_inputs, make_prompt, prompt_inputs
+from ..checkpoint import load_checkpoint, load_config
+from ..checks.tensors import as_batch, dtype_name
+from ..img_pos import locate_img_pos
+from ..prompt_table import prompt_tuning_embedding, rows_read, single_table_batch
+from ..tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
+from ..toy.shapes import answer_matches
+from ..vision import VisionTransformer
 from .claims import Claim, check_verdict, claims_table, recorded
-from .img_pos import locate_img_pos
-from .prompt_table import prompt_tuning_embedding, rows_read, single_table_batch
-from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
-from .toy.shapes import answer_matches
-from .vision import VisionTransformer
 
 CPU = torch.device("cpu")
 
@@ -345,7 +345,7 @@ def memory_by_dtype(dtypes, checkpoint) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "qwenvl_lab.factcheck", "memory", d, str(checkpoint)],
+            [sys.executable, "-m", "qwenvl_lab.course.factcheck", "memory", d, str(checkpoint)],
             stdout=subprocess.PIPE,
             env=env,
             text=True,
@@ -369,7 +369,7 @@ def main(argv=None) -> None:
         print(claims_table())
         return
     if len(argv) != 3 or argv[0] != "memory":
-        raise SystemExit("usage: python -m qwenvl_lab.factcheck table | memory DTYPE CHECKPOINT")
+        raise SystemExit("usage: python -m qwenvl_lab.course.factcheck table | memory DTYPE CHECKPOINT")
     torch.set_num_threads(1)
     print(json.dumps(loaded_memory(dtype_name(argv[1]), argv[2])))
 

@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.study_time` — a notebook's study time, counted from what a learner does in it.
+"""`python tools/study_time.py` — a notebook's study time, counted from what a learner does in it.
 
 A learner reads the prose and the code, writes down each "predict, then run" answer, solves each exercise and answers
 the self-check. The minutes are counted from the notebook (and its solutions notebook) at fixed rates, so the README
@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .resources import checkout_dir
+from qwenvl_lab.course.notebooks import NOTEBOOKS
+from qwenvl_lab.resources import checkout_dir
 
 WORDS_PER_MINUTE = 150  # careful reading of technical English with inline code
 CODE_LINES_PER_MINUTE = 10  # reading a code cell before running it
@@ -97,14 +98,14 @@ def study_time(notebook: Path, self_check: int = 0) -> StudyTime:
 
 def main(argv=None) -> int:
     """Print the study time of each notebook given (default: the course's), one line each, and the total."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.study_time", description=__doc__.split("\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: notebooks/0*.ipynb of this clone)")
+    parser = argparse.ArgumentParser(prog="python tools/study_time.py", description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: the course's, in order)")
     args = parser.parse_args(argv)
-    from .exercises import selfcheck  # noqa: PLC0415 — torch loads once the arguments are read
+    from qwenvl_lab.course.exercises import selfcheck  # noqa: PLC0415 — torch loads once the arguments are read
 
     if not args.notebooks and checkout_dir() is None:
         parser.error("name the notebooks: this installation is not a clone of the course")
-    notebooks = args.notebooks or sorted((checkout_dir() / "notebooks").glob("0*.ipynb"))
+    notebooks = args.notebooks or [checkout_dir() / "notebooks" / n.file for n in NOTEBOOKS]
     having = set(selfcheck.notebooks())
     total = 0
     print("notebook                          words  code  predict  exercises  solution lines  self-check  minutes")

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from ..layout import trtllm_name
-from ..limits import BuildConfig, prompt_table_size
-from ..trtllm.build_command import trtllm_build_command
+from ...layout import trtllm_name
+from ...limits import BuildConfig, prompt_table_size
+from ...trtllm.build_command import trtllm_build_command
 from . import exercise, int_list, whole_number
 from .selfcheck import Question, right, wrong
 

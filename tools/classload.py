@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.classload` — a class on one JupyterHub server, measured.
+"""`python tools/classload.py` — a class on one JupyterHub server, measured.
 
 N simulated learners log in through the hub, start their servers and run the course's notebooks cell by cell through
 the Jupyter server's REST API and kernel channels (websocket), with a think time between cells; one learner alone
@@ -35,11 +35,12 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from .lab import COURSE_FOLDER, MY_FOLDER
-from .resources import checkout_dir
+from qwenvl_lab.course.lab import COURSE_FOLDER, MY_FOLDER
+from qwenvl_lab.course.notebooks import core_path
+from qwenvl_lab.resources import checkout_dir
 
 HUB_CONFIG = Path("docs") / "jupyterhub" / "jupyterhub_config.py"  # in the clone
-NOTEBOOKS = ("01", "02", "03", "04", "06")  # the workshop's core path after the welcome
+NOTEBOOKS = tuple(n.number for n in core_path()[1:])  # the workshop's core path after the welcome
 IGNORE = "NBVAL_IGNORE_OUTPUT"
 CELL_TIMEOUT_S = 600
 SPAWN_TIMEOUT_S = 300
@@ -204,7 +205,7 @@ def processes_of(uid: int) -> dict:
         command = " ".join(process.info["cmdline"] or [])
         if "ipykernel_launcher" in command:
             found["kernel"].append(process.info["pid"])
-        elif "jupyterhub-singleuser" in command or "qwenvl_lab.lab" in command:
+        elif "jupyterhub-singleuser" in command or "qwenvl_lab.course.lab" in command:
             found["server"].append(process.info["pid"])
     return found
 
@@ -683,7 +684,7 @@ def check_can_run(course: Path, proxy: str) -> None:
 
 def main(argv=None) -> int:
     """Command line: run the lone learner, then the class, write the JSON; exit status 1 on errors or differences."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.classload", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python tools/classload.py", description=__doc__.split("\n")[0])
     parser.add_argument("--learners", type=int, default=4, help="simulated learners at once (default: %(default)s)")
     parser.add_argument("--notebooks", nargs="+", default=list(NOTEBOOKS), help="default: %(default)s")
     parser.add_argument("--think", type=float, default=2.0, help="mean seconds between cells (default: %(default)s)")
@@ -752,7 +753,7 @@ def main(argv=None) -> int:
     result = {
         "kind": "qwenvl-lab class load test",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m qwenvl_lab.classload " + " ".join(sys.argv[1:] if argv is None else map(str, argv)),
+        "command": "python tools/classload.py " + " ".join(sys.argv[1:] if argv is None else map(str, argv)),
         "machine": started,
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "versions": versions(),

@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ..placeholder_merge import TLLM_SENTINEL_OFFSET, fuse_input_embeds
-from ..qwen2_vl import (
+from ...placeholder_merge import TLLM_SENTINEL_OFFSET, fuse_input_embeds
+from ...qwen2_vl import (
     IMAGE_TOKEN_ID,
     VISION_END_ID,
     VISION_START_ID,
@@ -17,7 +17,7 @@ from ..qwen2_vl import (
     rope_positions,
     tiny_qwen2_vl,
 )
-from ..tokenizing import load_tokenizer
+from ...tokenizing import load_tokenizer
 from . import exercise
 from .nb03 import NOT_ATTEMPTED, number_hint, whole_number
 from .selfcheck import Question, right, wrong

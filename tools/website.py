@@ -1,4 +1,4 @@
-"""`python -m qwenvl_lab.website` — the course as a website: Jupyter Book 1.x builds the README, the notebooks with
+"""`python tools/website.py` — the course as a website: Jupyter Book 1.x builds the README, the notebooks with
 their stored outputs (nothing is executed) and docs/ into build/site/_build/html (`make site`).
 
 Jupyter Book 1.x (Sphinx) builds offline; 2.x (the MyST engine) fetches its site template from api.mystmd.org at
@@ -7,13 +7,15 @@ repository's `start` makes), for the GitHub repository named by --repository or 
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from .resources import checkout_dir
+from qwenvl_lab.course.notebooks import NOTEBOOKS, with_exercises
+from qwenvl_lab.resources import checkout_dir
 
 SITE = Path("docs") / "site"  # _config.yml, _toc.yml and the site's own pages, in the clone
 OUTPUT = Path("build") / "site"
@@ -42,6 +44,28 @@ def site_config(root: Path, repository: str | None, branch: str) -> str:
     return config + f"repository:\n  url: https://github.com/{repository}\n  branch: {branch}\n"
 
 
+def site_toc(root: Path) -> dict:
+    """The site's table of contents: the core path, the deep dives and the solutions from the course's notebook list,
+    then the parts of docs/site/_toc.yml (JSON is YAML, which Jupyter Book reads)."""
+    import yaml  # noqa: PLC0415 — Jupyter Book's own dependency, asked for only when the site is built
+
+    toc = yaml.safe_load((root / SITE / "_toc.yml").read_text(encoding="utf-8"))
+    pages = [
+        {"caption": "The core path", "chapters": [{"file": f"notebooks/{n.stem}"} for n in NOTEBOOKS if n.core]},
+        {"caption": "Deep dives", "chapters": [{"file": f"notebooks/{n.stem}"} for n in NOTEBOOKS if not n.core]},
+        {
+            "caption": "Solutions",
+            "chapters": [
+                {
+                    "file": "docs/site/solutions",
+                    "sections": [{"file": f"notebooks/solutions/{n.number}_solutions"} for n in with_exercises()],
+                }
+            ],
+        },
+    ]
+    return {**toc, "parts": pages + toc["parts"]}
+
+
 def fix_links(html: str, page: str) -> str:
     """A built page with the launch buttons opening the learner's copy (my-notebooks/) and links to a folder of the
     repository pointing at the page that stands for it (`page`: the page's path in the site)."""
@@ -59,6 +83,8 @@ def build(root: Path, repository: str | None, branch: str = "main", output: Path
     output.mkdir(parents=True, exist_ok=True)
     config = output / "_config.yml"
     config.write_text(site_config(root, repository, branch), encoding="utf-8")
+    toc = output / "_toc.yml"
+    toc.write_text(json.dumps(site_toc(root), indent=1, ensure_ascii=False), encoding="utf-8")
     command = [
         sys.executable,
         "-c",
@@ -68,7 +94,7 @@ def build(root: Path, repository: str | None, branch: str = "main", output: Path
         "--config",
         str(config),
         "--toc",
-        str(root / SITE / "_toc.yml"),
+        str(toc),
         "--path-output",
         str(output),
     ]
@@ -84,7 +110,7 @@ def build(root: Path, repository: str | None, branch: str = "main", output: Path
 
 def main(argv=None) -> int:
     """Command line: build the site and say where it is."""
-    parser = argparse.ArgumentParser(prog="python -m qwenvl_lab.website", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python tools/website.py", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--repository", help="the GitHub repository for the launch buttons: owner/name or its URL (default: origin)"
     )
@@ -104,7 +130,7 @@ def main(argv=None) -> int:
     try:
         html = build(root, repository, args.branch, args.output)
     except subprocess.CalledProcessError as err:
-        print(f"python -m qwenvl_lab.website: Jupyter Book failed (exit {err.returncode}); its output is above")
+        print(f"python tools/website.py: Jupyter Book failed (exit {err.returncode}); its output is above")
         return 1
     print(f"the site: {html / 'index.html'}")
     return 0

@@ -3,7 +3,7 @@
 Each notebook's questions live with its exercises: `SELF_CHECK` in `nbNN.py`, a sequence of `Question`s or a function
 that returns them (so a right option can be computed by the package rather than typed). In a notebook:
 
-    from qwenvl_lab.exercises import selfcheck
+    from qwenvl_lab.course.exercises import selfcheck
     selfcheck.show("01")                 # the questions as widgets: pick an option, press Check
     selfcheck.grade("01", 2, "b")        # the same verdict as text: right or not, and why
 
@@ -13,13 +13,12 @@ wrong. `problems` lists what is wrong with a bank (the tests run it on every not
 
 import html
 import importlib
-import pkgutil
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-from ..checks.values import is_int
+from ...checks.values import is_int
+from ..notebooks import with_exercises
 
 LETTERS = "abcdefgh"  # option labels: (a), (b), …
 
@@ -104,9 +103,8 @@ def problems(questions) -> list[str]:
 
 def notebooks() -> list[str]:
     """The notebooks ("01", "02", …) whose exercise module has a self-check."""
-    folder = [str(Path(__file__).parent)]
-    names = sorted(m.name for m in pkgutil.iter_modules(folder) if m.name[:2] == "nb" and m.name[2:].isdigit())
-    return [name[2:] for name in names if hasattr(importlib.import_module(f"{__package__}.{name}"), "SELF_CHECK")]
+    modules = ((n.number, importlib.import_module(f"{__package__}.{n.exercise_module}")) for n in with_exercises())
+    return [number for number, module in modules if hasattr(module, "SELF_CHECK")]
 
 
 def notebook_name(notebook) -> str:

@@ -2,7 +2,7 @@
 
 import unicodedata
 
-from ..tokenizing import (
+from ...tokenizing import (
     IMAGE_END_ID,
     IMAGE_PAD_ID,
     IMAGE_START_ID,

@@ -2,9 +2,9 @@
 
 import torch
 
-from ..chat import make_prompt
-from ..img_pos import locate_img_pos
-from ..tokenizing import ENDOFTEXT_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, load_tokenizer
+from ...chat import make_prompt
+from ...img_pos import locate_img_pos
+from ...tokenizing import ENDOFTEXT_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, load_tokenizer
 from . import exercise, whole_number
 from .nb01 import NOT_ATTEMPTED, PAIR
 from .selfcheck import Question, right, wrong

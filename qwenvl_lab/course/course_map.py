@@ -3,8 +3,8 @@
 import textwrap
 from dataclasses import dataclass
 
-from .fonts import use_cjk_font
-from .tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
+from ..fonts import use_cjk_font
+from ..tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 
 # (fill, edge) of each path: the picture's (top row), the text's (bottom row), and where they meet (the lookup on)
 PATH_COLORS = {

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import torch
 
-from ..checks.values import is_number
+from ...checks.values import is_number
+from ...clip import small_clip, what_clip_does
+from ...modeling import QWenVLConfig
+from ...resources import data_dir
 from ..claims import CLAIMS
-from ..clip import small_clip, what_clip_does
-from ..modeling import QWenVLConfig
-from ..resources import data_dir
 from . import exercise
 from .nb03 import NOT_ATTEMPTED, whole_number
 from .selfcheck import Question, right, wrong

@@ -11,19 +11,10 @@ from typing import Callable
 
 import torch
 
-from ..checks.values import is_int
+from ...checks.values import is_int
+from ..notebooks import with_exercises
 
-NOTEBOOK_MODULES = (
-    "nb01",
-    "nb02",
-    "nb03",
-    "nb04",
-    "nb05",
-    "nb06",
-    "nb07",
-    "nb08",
-    "nb09",
-)  # modules that register exercises
+NOTEBOOK_MODULES = tuple(n.exercise_module for n in with_exercises())  # modules that register exercises
 
 
 @dataclass(frozen=True)

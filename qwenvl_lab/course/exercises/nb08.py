@@ -3,9 +3,9 @@ ids for KV-cache reuse; and its self-check."""
 
 import torch
 
-from ..limits import BuildConfig
-from ..modeling import QWenVLConfig
-from ..tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
+from ...limits import BuildConfig
+from ...modeling import QWenVLConfig
+from ...tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 from . import exercise
 from .nb03 import NOT_ATTEMPTED, whole_number
 from .selfcheck import Question, right, wrong
