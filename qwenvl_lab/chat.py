@@ -14,19 +14,28 @@ OnnxVisualEncoder, TRTVisualEncoder.
 import codecs
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from .checks.tensors import INT32_MAX, dtype_name, to_torch_dtype
+from .checks.tensors import INT32_MAX, as_id_list, dtype_name
 from .checks.values import check_int
 from .files import field, read_json
 from .limits import BuildConfig
 from .pictures import load_image
 from .prompt_table import per_request_tables
-from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, new_tokens
+from .requests import (
+    CheckedRequest,
+    OneGeneration,
+    Runner,
+    SamplingConfig,
+    ends_with_stop_word,
+    new_tokens,
+    room_for_answer,
+)
 from .tokenizing import (
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -124,10 +133,9 @@ def prompt_inputs(runner, prompts, input_vit=None) -> EngineInputs:
     )  # [B, L]
     if input_vit is None:
         return EngineInputs([batch[r, : len(ids)] for r, ids in enumerate(prompts)], None, None, None)
-    fake_ids, table, tasks, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size)  # [B, L], [B·rows, H]
-    requests = [fake_ids[r, : len(ids)] for r, ids in enumerate(prompts)]
-    rows = torch.tensor([rows], dtype=torch.int32)
-    return EngineInputs(requests, table.to(to_torch_dtype(runner.dtype)), tasks, rows)
+    fake_ids, table, tasks, rows = per_request_tables(batch, input_vit.cpu(), runner.vocab_size, dtype=runner.dtype)
+    requests = [fake_ids[r, : len(ids)] for r, ids in enumerate(prompts)]  # [L_r] each; table [B·rows, H]
+    return EngineInputs(requests, table, tasks, torch.tensor([rows], dtype=torch.int32))
 
 
 def engine_inputs(
@@ -159,6 +167,42 @@ def engine_inputs(
     return prompt_inputs(runner, [ids for _, ids in turns], input_vit if pictures else None)
 
 
+def generate_for_qwenvl(
+    runner,
+    input_ids,
+    max_new_tokens: int,
+    prompt_table=None,
+    tasks=None,
+    task_vocab_size=None,
+    num_beams: int = 1,
+    **sampling,
+):
+    """run.py's step 5, the one generate call of Qwen-VL-Chat's answers: clamp max_new_tokens to what max_seq_len
+    leaves (with a warning), then decode, each answer ending at <|im_end|>: output_ids."""
+    batch = as_id_list(input_ids)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    longest = max(len(ids) for ids in batch)
+    room = room_for_answer(runner.max_seq_len, longest)
+    if max_new_tokens > room:
+        warnings.warn(
+            f"max_new_tokens {max_new_tokens} clamped to {room}: max_seq_len {runner.max_seq_len} minus the "
+            "longest prompt (run.py's min(max_new_tokens, limit - input_len))",
+            stacklevel=2,
+        )
+        max_new_tokens = room
+    sampling.setdefault("end_id", IM_END_ID)
+    sampling.setdefault("pad_id", IM_END_ID)
+    return runner.generate(
+        batch,
+        prompt_table=prompt_table,
+        prompt_tasks=tasks,
+        task_vocab_size=task_vocab_size,
+        max_new_tokens=max_new_tokens,
+        num_beams=num_beams,
+        **sampling,
+    )
+
+
 def answers(tokenizer: QWenTokenizer, outputs, inputs: EngineInputs) -> list:
     """Each request's answer in a runner's outputs (beam 0): its new ids up to the first stop id, decoded; on a
     tensor-parallel rank other than 0 (no outputs) None for each."""
@@ -171,13 +215,9 @@ def answers(tokenizer: QWenTokenizer, outputs, inputs: EngineInputs) -> list:
 def answer_inputs(runner, tokenizer: QWenTokenizer, inputs: EngineInputs, max_new_tokens: int = 64, **sampling) -> list:
     """The answers of a runner to engine inputs, Qwen-VL-Chat's way: greedy unless `sampling` says otherwise, each
     ending at <|im_end|>."""
-    out = runner.generate(
-        **inputs._asdict(),
-        max_new_tokens=max_new_tokens,
-        end_id=IM_END_ID,
-        pad_id=IM_END_ID,
-        return_dict=True,
-        **sampling,
+    batch, table, tasks, task_vocab_size = inputs
+    out = generate_for_qwenvl(
+        runner, batch, max_new_tokens, table, tasks, task_vocab_size, return_dict=True, **sampling
     )
     return answers(tokenizer, out, inputs)
 
@@ -303,12 +343,8 @@ class ModelAsRunner(Runner):
             generated = torch.where(ends.any(dim=2), first + 1, generated)
         for r, words in enumerate(request.stop_words or []):
             tail = new[r, 0, : int(generated[r, 0])].tolist()
-            ends = [
-                t
-                for t in range(1, len(tail) + 1)
-                if any(len(w) <= t and tuple(tail[t - len(w) : t]) == w for w in words)
-            ]
-            generated[r, 0] = min(ends, default=len(tail))
+            ends = (t for t in range(1, len(tail) + 1) if ends_with_stop_word(tail[:t], words))
+            generated[r, 0] = next(ends, len(tail))
         return iter([(new, generated)])
 
 

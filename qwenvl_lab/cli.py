@@ -284,7 +284,7 @@ def build_main(argv=None) -> int:
         "--images-per-request",
         type=count(0),
         default=2,
-        help="sets --max_prompt_embedding_table_size = 256 × this × max batch size (0: text only)",
+        help="sets --max_prompt_embedding_table_size = rows a picture (256) × this × max batch size (0: text only)",
     )
     parser.add_argument("--max-beam-width", type=count(1), default=1)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
@@ -293,14 +293,15 @@ def build_main(argv=None) -> int:
     if not args.engine.strip():
         parser.error("--engine is empty: give the directory to write the engine to, e.g. --engine ./engine")
     from .engine import BuildConfig, build_engine
-    from .tokenizing import IMG_TOKEN_SPAN
+    from .limits import prompt_table_size
+    from .tokenizing import IMAGE_IDS
     from .toy import default_checkpoint_dir
 
-    most = args.max_input_len // (IMG_TOKEN_SPAN + 2)
+    most = args.max_input_len // IMAGE_IDS
     if args.images_per_request > most:
         parser.error(
             f"--images-per-request {args.images_per_request}: a request of --max-input-len {args.max_input_len} ids "
-            f"holds at most {most} pictures ({IMG_TOKEN_SPAN + 2} ids each)"
+            f"holds at most {most} pictures ({IMAGE_IDS} ids each)"
         )
     config = BuildConfig(
         max_batch_size=args.max_batch_size,
@@ -308,7 +309,11 @@ def build_main(argv=None) -> int:
         max_seq_len=args.max_seq_len,
         max_beam_width=args.max_beam_width,
         dtype=args.dtype,
-        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * args.images_per_request * args.max_batch_size,
+        max_prompt_embedding_table_size=prompt_table_size(
+            BuildConfig(max_batch_size=args.max_batch_size), args.images_per_request
+        )
+        if args.images_per_request
+        else 0,
     )
     engine_dir = build_engine(
         args.checkpoint or default_checkpoint_dir(), args.engine, config, overwrite=args.overwrite

@@ -12,6 +12,15 @@ def make_fake_prompt_ids(vocab_size: int, num_images: int, tokens_per_image: int
     return torch.arange(vocab_size, vocab_size + num_images * tokens_per_image).reshape(num_images, tokens_per_image)
 
 
+def fake_ids_for_spans(vocab_size: int, lengths) -> list[torch.Tensor]:
+    """The same ids for pictures of any span length: vocab_size, vocab_size + 1, … over the spans in order, one 1-D
+    tensor per span (`lengths`, each span's ids, e.g. `span_lengths(img_pos)`)."""
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        return []
+    return list(make_fake_prompt_ids(vocab_size, 1, sum(lengths))[0].split(lengths))
+
+
 def replace_image_spans(input_ids, img_pos, fake_prompt_id) -> torch.Tensor:
     """Copy of `input_ids` with image k's span `[a+1:b]` replaced by `fake_prompt_id[k]` (tags kept)."""
     input_ids, img_pos, fake_prompt_id = check_span_replacement(input_ids, img_pos, fake_prompt_id)

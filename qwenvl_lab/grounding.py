@@ -39,8 +39,8 @@ from .pictures import load_image
 from .tokenizing import (
     BOX_END_ID,
     BOX_START_ID,
+    IMAGE_IDS,
     IMAGE_START_ID,
-    IMG_TOKEN_SPAN,
     REF_END_ID,
     REF_START_ID,
     Query,
@@ -161,8 +161,8 @@ def _pieces(source, tokenizer) -> list[tuple[str, str]]:
             pieces.append(("text", tokenizer.decode(run)))
             run = []
         if span:
-            pieces.append(("image", decode_image_path(ids[k : k + IMG_TOKEN_SPAN + 2])))
-            k += IMG_TOKEN_SPAN + 2
+            pieces.append(("image", decode_image_path(ids[k : k + IMAGE_IDS])))
+            k += IMAGE_IDS
             continue
         if ids[k] in TAG_IDS:
             pieces.append(("tag", TAG_IDS[ids[k]]))

@@ -1,58 +1,14 @@
 """Notebook 06 — TensorRT-LLM's run.py on any runner: `generate_for_qwenvl`, and `QWenInfer` over the package's engine.
 
 run.py's QWenInfer holds a tokenizer, the vision part and a runner, and `qwen_infer` answers a question about pictures
-(`chat.ask`, the answer path every runner shares); `generate_for_qwenvl` is its step 5.
+(`chat.ask`, the answer path every runner shares); `generate_for_qwenvl`, its step 5, is the answer path's one
+generate call (`chat.generate_for_qwenvl`).
 """
 
-import warnings
-
-import torch
-
 from . import chat
-from .checks.tensors import as_id_list
-from .checks.values import check_int
+from .chat import generate_for_qwenvl
 from .engine import ModelRunner, load_engine_vision_tower
-from .tokenizing import IM_END_ID, load_tokenizer
-
-
-def generate_for_qwenvl(
-    runner,
-    input_ids,
-    max_new_tokens: int,
-    prompt_table=None,
-    tasks=None,
-    task_vocab_size=None,
-    num_beams: int = 1,
-    **sampling,
-) -> torch.Tensor:
-    """run.py's step 5: clamp max_new_tokens to what max_seq_len leaves (with a warning), then decode: output_ids."""
-    batch = as_id_list(input_ids)
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
-    longest = max(len(ids) for ids in batch)
-    room = runner.max_seq_len - longest
-    if room < 1:
-        raise ValueError(
-            f"a prompt of {longest} ids fills the engine's max_seq_len {runner.max_seq_len}: no room for an "
-            "answer; shorten it (fewer pictures or history turns) or rebuild with larger limits"
-        )
-    if max_new_tokens > room:
-        warnings.warn(
-            f"max_new_tokens {max_new_tokens} clamped to {room}: max_seq_len {runner.max_seq_len} minus the "
-            "longest prompt (run.py's min(max_new_tokens, limit - input_len))",
-            stacklevel=2,
-        )
-        max_new_tokens = room
-    sampling.setdefault("end_id", IM_END_ID)
-    sampling.setdefault("pad_id", IM_END_ID)
-    return runner.generate(
-        batch,
-        prompt_table=prompt_table,
-        prompt_tasks=tasks,
-        task_vocab_size=task_vocab_size,
-        max_new_tokens=max_new_tokens,
-        num_beams=num_beams,
-        **sampling,
-    )
+from .tokenizing import load_tokenizer
 
 
 class QWenInfer:
@@ -82,3 +38,6 @@ class QWenInfer:
         return chat.ask(
             self.runner, self.vision, self.tokenizer, images, question, history, system, max_new_tokens, **sampling
         )
+
+
+__all__ = ["QWenInfer", "generate_for_qwenvl"]

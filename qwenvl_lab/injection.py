@@ -2,13 +2,14 @@
 
 import torch
 
-from .checks.tensors import check_image_count
+from .checks.tensors import check_span_rows, feature_blocks
+from .img_pos import span_lengths
 from .tokenizing import IMAGE_PAD_ID
 
 
 def overwrite_image_spans(hidden: torch.Tensor, img_pos: torch.Tensor, input_vit: torch.Tensor) -> torch.Tensor:
     """Original Qwen-VL forward: `hidden[i][a+1:b] = input_vit[k]`, the tags keep their embeddings."""
-    check_image_count(img_pos, input_vit)
+    check_span_rows(span_lengths(img_pos), feature_blocks(input_vit))
     hidden = hidden.clone()  # [B, L, H]
     for k, (i, a, b) in enumerate(img_pos.tolist()):
         hidden[i, a + 1 : b] = input_vit[k].to(hidden.dtype)

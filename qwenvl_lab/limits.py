@@ -10,17 +10,18 @@ import torch
 
 from .checks.tensors import dtype_name, to_torch_dtype
 from .checks.values import check_int
-from .tokenizing import IMG_TOKEN_SPAN
+from .tokenizing import IMAGE_IDS, IMG_TOKEN_SPAN
 
-IMAGE_IDS = IMG_TOKEN_SPAN + 2  # an image takes <img> + 256 + </img> positions of the input
+TABLE_SIZE_RULE = f"{IMG_TOKEN_SPAN} rows a picture × pictures per request × max_batch_size"  # prompt_table_size
 
 
 @dataclass(frozen=True)
 class BuildConfig:
     """The limits `trtllm-build` fixes at build time, and the engine dtype.
 
-    `max_prompt_embedding_table_size` = 256 × images per request × max_batch_size; 0 (trtllm-build's default, and
-    what article 2's command leaves) builds an engine without prompt-table inputs, which refuses images.
+    `max_prompt_embedding_table_size` = rows a picture (Qwen-VL: 256) × images per request × max_batch_size
+    (`prompt_table_size`); 0 (trtllm-build's default, and what article 2's command leaves) builds an engine without
+    prompt-table inputs, which refuses images.
     """
 
     max_batch_size: int = 8
@@ -42,12 +43,13 @@ class BuildConfig:
             )
         if 0 < table < IMG_TOKEN_SPAN:
             raise ValueError(
-                f"a prompt table of {table} rows cannot hold one image ({IMG_TOKEN_SPAN} rows); use 256 × images per "
-                "request × max_batch_size, or 0 for a text-only engine"
+                f"a prompt table of {table} rows cannot hold one image ({IMG_TOKEN_SPAN} rows); use {TABLE_SIZE_RULE}, "
+                "or 0 for a text-only engine"
             )
         if table and self.max_input_len < IMAGE_IDS:
             raise ValueError(
-                f"max_input_len {self.max_input_len} cannot hold one image span ({IMAGE_IDS} ids: <img> + 256 + </img>); "
+                f"max_input_len {self.max_input_len} cannot hold one image span ({IMAGE_IDS} ids with <img> and "
+                "</img>); "
                 "raise max_input_len"
             )
 
@@ -65,6 +67,7 @@ class BuildConfig:
 
 
 def prompt_table_size(build_config: BuildConfig, images_per_request: int = 1) -> int:
-    """`--max_prompt_embedding_table_size` = 256 × images per request × max_batch_size (in-flight batching)."""
+    """`--max_prompt_embedding_table_size` for in-flight batching: rows a picture × images per request ×
+    max_batch_size (the C++ executor's block, size / max_batch_size, then holds one request's pictures)."""
     check_int("images_per_request", images_per_request, 1)
     return IMG_TOKEN_SPAN * images_per_request * build_config.max_batch_size

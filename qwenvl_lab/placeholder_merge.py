@@ -8,14 +8,16 @@ Written from the upstream rules, which notebook 09 quotes line by line:
 - vLLM, `vllm/model_executor/models/utils.py` (vllm-project/vllm at d30d0c133c3f47a6436788f82398b21eb23df8c0):
   `merge_multimodal_embeddings`, and Qwen-VL's prompt in `vllm/model_executor/models/qwen_vl.py` (at
   fc4a42832215fcd219b0ab0d4b5b99e41baf8d45);
-- the course's prompt table (`prompt_table`), here for spans of any length, and TensorRT-LLM's
-  `input_token_extra_ids` for KV-cache reuse (`docs/source/advanced/kv-cache-reuse.md`).
+- TensorRT-LLM's `input_token_extra_ids` for KV-cache reuse (`docs/source/advanced/kv-cache-reuse.md`).
+
+The course's own prompt table takes spans of any length too: `prompt_table.single_table_batch` and
+`per_request_tables` read each picture's span length from `img_pos`.
 """
 
 import torch
 from torch import nn
 
-from .checks.tensors import as_batch, as_int_tensor
+from .checks.tensors import as_batch, as_int_tensor, feature_blocks
 from .checks.values import check_int
 from .tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 
@@ -23,26 +25,15 @@ TLLM_SENTINEL_OFFSET = 1  # TensorRT-LLM's input processors write vocab_size + 1
 
 
 def as_features(features, hidden_size: int | None = None) -> torch.Tensor:
-    """One [M, H] tensor from a [N, rows, H] tensor, a [M, H] tensor or a list of [rows_i, H] tensors (in order)."""
-    if isinstance(features, torch.Tensor):
-        features = [features]
-    if not isinstance(features, (list, tuple)) or not all(isinstance(f, torch.Tensor) for f in features):
-        raise TypeError(
-            "image features must be a torch.Tensor [rows, H] or [N, rows, H], or a list of [rows, H] tensors, got "
-            f"{type(features).__name__}"
-        )
-    if not features:
+    """One [M, H] tensor of the pictures' feature rows in order, from [N, rows, H], [M, H] or [rows, H] blocks."""
+    blocks = feature_blocks([features] if isinstance(features, torch.Tensor) and features.dim() == 2 else features)
+    if not blocks:
         raise ValueError("no image features given: pass one [rows, H] tensor per picture")
-    flat = [f.reshape(-1, f.shape[-1]) if f.dim() == 3 else f for f in features]
-    widths = {f.shape[-1] for f in flat}
-    if any(f.dim() != 2 or not f.dtype.is_floating_point for f in flat) or len(widths) != 1:
-        raise ValueError(
-            "image features must be floating-point [rows, H] blocks of one hidden size H, got "
-            f"{[(tuple(f.shape), str(f.dtype)) for f in features]}"
-        )
-    if hidden_size is not None and widths != {hidden_size}:
-        raise ValueError(f"image features are {widths.pop()} wide but the model's hidden size is {hidden_size}")
-    return torch.cat(flat)  # [M, H]
+    if not blocks[0].dtype.is_floating_point:
+        raise ValueError(f"image features must be floating-point, got {blocks[0].dtype}")
+    if hidden_size is not None and blocks[0].shape[1] != hidden_size:
+        raise ValueError(f"image features are {blocks[0].shape[1]} wide but the model's hidden size is {hidden_size}")
+    return torch.cat(blocks)  # [M, H]
 
 
 def span_mask(input_ids, img_pos) -> torch.Tensor:
@@ -69,26 +60,6 @@ def write_placeholders(input_ids, is_image: torch.Tensor, token_id: int) -> torc
             f"{tuple(is_image.shape) if isinstance(is_image, torch.Tensor) else type(is_image).__name__}"
         )
     return input_ids.masked_fill(is_image, token_id)
-
-
-def prompt_table_inputs(input_ids, is_image: torch.Tensor, features, vocab_size: int):
-    """The python session's prompt table for spans of any length: fake ids V, V+1, … over the batch's image positions
-    in order, the features as the table, tasks 0, task_vocab_size = the table's rows.
-
-    Returns `(fake_ids, prompt_table, tasks, task_vocab_size)` for `prompt_table.prompt_tuning_embedding`.
-    """
-    input_ids = as_batch(input_ids)  # [B, L]
-    vocab_size = check_int("vocab_size", vocab_size, 1)
-    table = as_features(features)  # [M, H]
-    if is_image.shape != input_ids.shape:
-        raise ValueError(f"is_image has shape {tuple(is_image.shape)}, the ids {tuple(input_ids.shape)}")
-    count = int(is_image.sum())
-    if count != table.shape[0]:
-        raise ValueError(f"{count} image positions but {table.shape[0]} feature rows: give one row per image position")
-    fake_ids = write_placeholders(input_ids, is_image, 0)
-    fake_ids[is_image] = torch.arange(vocab_size, vocab_size + count, device=input_ids.device)  # in order, row-major
-    tasks = torch.zeros(input_ids.shape[0], dtype=torch.int32, device=input_ids.device)
-    return fake_ids, table, tasks, table.shape[0]
 
 
 def filter_mm_token_from_input_ids(input_ids, vocab_size: int, mm_token_ids=None):

@@ -9,31 +9,36 @@ import torch
 from .checks.tensors import (
     as_batch,
     check_features,
-    check_features_shape,
-    check_image_count,
     check_lookup_inputs,
     check_rows_per_request,
     check_rows_read,
     check_runtime_table,
+    check_span_rows,
+    feature_blocks,
     one_int,
     parse_tasks,
     to_torch_dtype,
 )
 from .checks.values import check_int
-from .fake_ids import make_fake_prompt_ids, replace_image_spans
-from .img_pos import locate_img_pos
+from .fake_ids import fake_ids_for_spans, replace_image_spans
+from .img_pos import locate_img_pos, span_lengths
 from .tokenizing import IMAGE_START_ID
 
 
 def ptuning_setup(prompt_table, dtype, hidden_size: int, tasks=None, input_ids=None):
     """run.py's ptuning_setup: `input_vit` [N, 256, H] flattened into the engine's table; returns
-    `(prompt_table, tasks, task_vocab_size)`."""
+    `(prompt_table, tasks, task_vocab_size)`. A list of [rows_k, H] blocks (pictures of any span length) is one table
+    of all their rows, task_vocab_size its rows (as ModelRunner reads a [rows, H] table)."""
     hidden_size, dtype = check_int("hidden_size", hidden_size, 1), to_torch_dtype(dtype)
     batch_size = 1 if input_ids is None else as_batch(input_ids).shape[0]
     if prompt_table is not None:
-        check_features(prompt_table, hidden_size, dtype)  # floating-point, [N, 256, hidden_size], finite in dtype
-        task_vocab_size = torch.tensor([prompt_table.shape[1]], dtype=torch.int32)  # 256
-        prompt_table = prompt_table.reshape(-1, hidden_size).to(dtype)  # [N*256, H]
+        blocks = check_features(prompt_table, hidden_size, dtype)  # floating-point [rows, H] blocks, finite in dtype
+        if isinstance(prompt_table, torch.Tensor):  # run.py's input_vit [N, 256, H]
+            task_vocab_size = torch.tensor([prompt_table.shape[1]], dtype=torch.int32)  # 256
+            prompt_table = prompt_table.reshape(-1, hidden_size).to(dtype)  # [N*256, H]
+        else:
+            prompt_table = torch.cat(blocks).to(dtype)  # [M, H]
+            task_vocab_size = torch.tensor([prompt_table.shape[0]], dtype=torch.int32)
     else:
         prompt_table = torch.empty([1, hidden_size], dtype=dtype)
         task_vocab_size = torch.zeros([1], dtype=torch.int32)
@@ -87,50 +92,74 @@ def images_per_row(img_pos: torch.Tensor, batch_size: int) -> list[int]:
     return torch.bincount(img_pos[:, 0], minlength=batch_size).tolist() if len(img_pos) else [0] * batch_size
 
 
-def single_table_batch(input_ids, input_vit: torch.Tensor, vocab_size: int, image_start_id: int = IMAGE_START_ID):
-    """Python-session convention: one table, ids increase over all images, tasks all 0."""
+def image_spans(input_ids, input_vit, image_start_id: int = IMAGE_START_ID):
+    """(ids [B, L], img_pos [N, 3], each span's length, each picture's features [rows, H]) once every image span of
+    the ids has one picture whose features have a row per id of the span (spans of any length, read from img_pos)."""
     input_ids = as_batch(input_ids)
-    check_features_shape(input_vit)  # [N, rows, H]
-    img_pos = locate_img_pos(input_ids, image_start_id, input_vit.shape[1])  # [N, 3]: one id a row in each span
-    check_image_count(img_pos, input_vit)
-    fake_prompt_id = make_fake_prompt_ids(vocab_size, input_vit.shape[0], input_vit.shape[1])  # [N, rows]
-    ids = replace_image_spans(input_ids, img_pos, fake_prompt_id)
-    prompt_table = input_vit.reshape(-1, input_vit.shape[-1])  # [N*256, H]
-    tasks = torch.zeros(input_ids.shape[0], dtype=torch.int32)
-    return ids, prompt_table, tasks, input_vit.shape[1]
+    blocks = feature_blocks(input_vit)  # [rows_k, H] each
+    img_pos = locate_img_pos(input_ids, image_start_id, span=None)  # [N, 3]
+    lengths = span_lengths(img_pos)  # b − a − 1: one id per feature row
+    check_span_rows(lengths, blocks)
+    return input_ids, img_pos, lengths, blocks
+
+
+def single_table_batch(input_ids, input_vit, vocab_size: int, image_start_id: int = IMAGE_START_ID, dtype=None):
+    """Python-session convention (run.py): fake ids increase over all images of the batch from vocab_size, one table
+    (`ptuning_setup`), tasks all 0. Returns `(ids, prompt_table, tasks, task_vocab_size)`."""
+    input_ids, img_pos, lengths, blocks = image_spans(input_ids, input_vit, image_start_id)
+    ids = replace_image_spans(input_ids, img_pos, fake_ids_for_spans(vocab_size, lengths))
+    hidden, dtype = feature_kind(input_vit, dtype)
+    features = (input_vit if isinstance(input_vit, torch.Tensor) else blocks) if blocks else None  # as run.py's
+    table, tasks, task_vocab_size = ptuning_setup(features, dtype, hidden, None, ids)
+    return ids, table, tasks, int(task_vocab_size)
 
 
 def per_request_tables(
     input_ids,
-    input_vit: torch.Tensor,
+    input_vit,
     vocab_size: int,
     rows_per_request: int | None = None,
     image_start_id: int = IMAGE_START_ID,
+    dtype=None,
 ):
     """In-flight-batching convention: each request's ids restart at vocab_size, and request b's table is placed at
-    row b × rows_per_request, with tasks = b (its position in this batch).
+    row b × rows_per_request, with tasks = b (its position in this batch): `ptuning_setup` of the requests' tables
+    [B, rows_per_request, H]. Returns `(ids, prompt_table, tasks, task_vocab_size)`.
 
     rows_per_request is the C++ executor's block, max_prompt_embedding_table_size / max_batch_size
-    (`BuildConfig.rows_per_request`, with the engine's max_batch_size, the runtime's default). Left out, the block is the smallest that holds
-    this batch's fullest request: a layout for runners that take one table of any block size (this package's engine,
-    TensorRT-LLM's Python ModelRunner), not the one the C++ executor builds.
+    (`BuildConfig.rows_per_request`, with the engine's max_batch_size, the runtime's default). Left out, the block is
+    the smallest that holds this batch's fullest request: a layout for runners that take one table of any block size
+    (this package's engine, TensorRT-LLM's Python ModelRunner), not the one the C++ executor builds.
     """
-    input_ids = as_batch(input_ids)
-    check_features_shape(input_vit)  # [N, rows, H]
-    img_pos = locate_img_pos(input_ids, image_start_id, input_vit.shape[1])  # [N, 3]: one id a row in each span
-    check_image_count(img_pos, input_vit)
-    span = input_vit.shape[1]
-    counts = images_per_row(img_pos, input_ids.shape[0])
-    rows_per_request = check_rows_per_request(max(counts, default=0), span, rows_per_request)
-    fake_prompt_id = torch.cat([make_fake_prompt_ids(vocab_size, n, span) for n in counts])  # [N, 256]
+    input_ids, img_pos, lengths, blocks = image_spans(input_ids, input_vit, image_start_id)
+    hidden, dtype = feature_kind(input_vit, dtype)
+    batch = input_ids.shape[0]
+    mine = [[k for k, row in enumerate(img_pos[:, 0].tolist()) if row == r] for r in range(batch)]  # each request's
+    rows = [sum(lengths[k] for k in pictures) for pictures in mine]
+    rows_per_request = check_rows_per_request(max(rows, default=0), rows_per_request)
+    fake_prompt_id = [None] * len(blocks)
+    for pictures in mine:  # each request's fake ids from vocab_size
+        for k, ids in zip(pictures, fake_ids_for_spans(vocab_size, [lengths[k] for k in pictures])):
+            fake_prompt_id[k] = ids
     ids = replace_image_spans(input_ids, img_pos, fake_prompt_id)
-    table = input_vit.new_zeros(input_ids.shape[0], max(rows_per_request, 1), input_vit.shape[-1])  # [B, rows, H]
-    first = 0
-    for position, n in enumerate(counts):
-        table[position, : n * span] = input_vit[first : first + n].reshape(-1, input_vit.shape[-1])
-        first += n
-    tasks = torch.arange(input_ids.shape[0], dtype=torch.int32)
-    return ids, table.reshape(-1, input_vit.shape[-1]), tasks, table.shape[1]
+    tables = torch.zeros(batch, max(rows_per_request, 1), hidden, dtype=dtype)  # [B, rows, H]: unused rows 0
+    for r, pictures in enumerate(mine):
+        if pictures:
+            tables[r, : rows[r]] = torch.cat([blocks[k] for k in pictures])
+    tasks = ",".join(map(str, range(batch)))  # request b reads block b
+    table, tasks, task_vocab_size = ptuning_setup(tables, dtype, hidden, tasks, ids)
+    return ids, table, tasks, int(task_vocab_size)
+
+
+def feature_kind(input_vit, dtype=None) -> tuple[int, torch.dtype]:
+    """(H, dtype) of the table made from input_vit [N, rows, H] or [rows, H] blocks: `dtype` if given, else theirs."""
+    blocks = feature_blocks(input_vit)
+    if not blocks and not isinstance(input_vit, torch.Tensor):
+        raise ValueError(
+            "no pictures' features: give input_vit [0, rows, H] (its H and dtype) for a batch without pictures"
+        )
+    sample = blocks[0] if blocks else input_vit
+    return sample.shape[-1], to_torch_dtype(sample.dtype if dtype is None else dtype)
 
 
 # Which rows each fake id reads: the lookup's rule, row by row, and the table's layout it gives

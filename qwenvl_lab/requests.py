@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks.tensors import INT32_MAX, as_id_list, check_rows_read, one_int, parse_tasks
+from .checks.tensors import INT32_MAX, as_id_list, check_rows_per_request, check_rows_read, one_int, parse_tasks
 from .checks.values import check_choice, check_int, check_number, is_int
 from .img_pos import locate_img_pos
-from .limits import BuildConfig
+from .limits import TABLE_SIZE_RULE, BuildConfig
 from .prompt_table import rows_read, runtime_prompt_table, table_size
 from .tokenizing import IM_END_ID, IMAGE_START_ID
 
@@ -66,6 +66,23 @@ class SamplingConfig:
     def greedy(self) -> bool:
         """True when the knobs mean greedy decoding."""
         return is_greedy(self.top_k, self.top_p)
+
+
+def room_for_answer(max_seq_len: int, prompt_len: int) -> int:
+    """The new tokens a prompt of `prompt_len` ids leaves room for under `max_seq_len` (prompt + answer); a prompt
+    that leaves none is refused."""
+    room = max_seq_len - prompt_len
+    if room < 1:
+        raise ValueError(
+            f"a prompt of {prompt_len} ids fills the engine's max_seq_len {max_seq_len}: no room for an answer; "
+            "shorten it (fewer pictures or history turns) or rebuild with a larger max_seq_len"
+        )
+    return room
+
+
+def ends_with_stop_word(tokens, words) -> bool:
+    """Whether the generated `tokens` (a list of ids) end with one of the stop sequences `words` (tuples of ids)."""
+    return any(len(w) <= len(tokens) and tuple(tokens[len(tokens) - len(w) :]) == w for w in words)
 
 
 def check_stop_words(stop_words_list, batch_size: int, vocab_size: int) -> list[list[tuple[int, ...]]] | None:
@@ -125,7 +142,7 @@ def check_spans_hold_fake_ids(requests, vocab_size: int) -> None:
     for i, ids in enumerate(requests):
         if not bool((ids == IMAGE_START_ID).any()):
             continue
-        if any(bool((ids[a + 1 : b] < vocab_size).any()) for _, a, b in locate_img_pos(ids).tolist()):
+        if any(bool((ids[a + 1 : b] < vocab_size).any()) for _, a, b in locate_img_pos(ids, span=None).tolist()):
             raise ValueError(
                 f"request {i} holds an image span with the picture's path, which only the original model reads (an "
                 "engine would embed the path bytes as text): encode the picture with the vision tower, replace the span "
@@ -152,10 +169,11 @@ def check_limits(build: BuildConfig, ids: list[torch.Tensor], max_new_tokens, nu
                 f"request {i} has {len(seq)} input ids but the engine's max_input_len is {build.max_input_len}: "
                 "shorten the prompt (fewer pictures or history turns) or rebuild with a larger max_input_len"
             )
-        if len(seq) + max_new_tokens > build.max_seq_len:
+        room = room_for_answer(build.max_seq_len, len(seq))
+        if max_new_tokens > room:
             raise ValueError(
                 f"request {i}: {len(seq)} input ids + max_new_tokens {max_new_tokens} exceed the engine's max_seq_len "
-                f"{build.max_seq_len}; ask for at most {build.max_seq_len - len(seq)} new tokens "
+                f"{build.max_seq_len}; ask for at most {room} new tokens "
                 "(generate_for_qwenvl clamps it for you, as run.py does)"
             )
 
@@ -206,19 +224,13 @@ def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then Tenso
     stop_words = check_stop_words(stop_words_list, len(ids), vocab_size)
     checked = CheckedRequest(ids, table, tasks, tvs, vocab_size, rows, stop_words)
     if table is not None and in_flight:
-        own = checked.own_tables().shape[1]
-        if own > build.rows_per_request:
-            raise ValueError(
-                f"a request's table has {own} rows, but this engine allows max_prompt_embedding_table_size / "
-                f"max_batch_size = {build.max_prompt_embedding_table_size} / {build.max_batch_size} = "
-                f"{build.rows_per_request} rows per request ({build.rows_per_request // 256} image(s)); send fewer "
-                "images per request or rebuild with a larger table"
-            )
+        size, batch = build.max_prompt_embedding_table_size, build.max_batch_size
+        block = f"max_prompt_embedding_table_size / max_batch_size = {size} / {batch}"
+        check_rows_per_request(checked.own_tables().shape[1], build.rows_per_request, block)
     elif table is not None and table.shape[0] > build.max_prompt_embedding_table_size:
         raise ValueError(
             f"the prompt table has {table.shape[0]} rows but the engine holds at most max_prompt_embedding_table_size "
-            f"= {build.max_prompt_embedding_table_size} ({build.max_prompt_embedding_table_size // 256} images of 256 "
-            "rows); send fewer images, or rebuild with 256 × images per request × max_batch_size"
+            f"= {build.max_prompt_embedding_table_size} rows; send fewer pictures, or rebuild with {TABLE_SIZE_RULE}"
         )
     return checked
 
@@ -234,7 +246,7 @@ def _table_of(build: BuildConfig, vocab_size: int, hidden_size: int, ids, prompt
         raise ValueError(
             "this engine was built with max_prompt_embedding_table_size=0, so it has no prompt-table input and cannot "
             "see images (the flag article 2's trtllm-build command leaves out; TensorRT-LLM issue #1300). Rebuild with "
-            "max_prompt_embedding_table_size = 256 × images per request × max_batch_size"
+            f"max_prompt_embedding_table_size = {TABLE_SIZE_RULE}"
         )
     table = runtime_prompt_table(prompt_table, hidden_size, build.dtype)
     if table.dim() == 3:  # one table per task: [tables, rows, H]

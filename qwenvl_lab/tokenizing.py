@@ -25,6 +25,7 @@ IMAGE_START_ID = 151857  # <img> = config.visual["image_start_id"]
 IMAGE_END_ID = IMAGE_START_ID + 1  # </img>
 IMAGE_PAD_ID = IMAGE_START_ID + 2  # <imgpad>
 IMG_TOKEN_SPAN = 256  # ids between <img> and </img>: path bytes, then <imgpad>
+IMAGE_IDS = IMG_TOKEN_SPAN + 2  # the ids a picture takes in a prompt: <img>, its span, </img>
 # The longest path Qwen-VL-Chat's own modeling_qwen.py reads back: it takes the span without its last id,
 # input_ids[i][a + 1 : b - 1], then .index(<imgpad>), which fails unless two <imgpad> follow the path
 QWEN_VL_PATH_BYTES = IMG_TOKEN_SPAN - 2

@@ -135,7 +135,7 @@ REFUSED = [
         "rows of 128",
         lambda: replace_image_spans(ONE_SPAN, [[0, 0, 257]], make_fake_prompt_ids(V, 1, 128)),
         ValueError,
-        "holds 256 ids but fake_prompt_id rows hold 128",
+        "holds 256 ids but its fake ids are 128",
     ),
     (
         "no row 1",
@@ -185,7 +185,7 @@ REFUSED = [
         "fake ids 1-D",
         lambda: replace_image_spans(ONE_SPAN, [[0, 0, 257]], FAKE[0]),
         ValueError,
-        r"fake_prompt_id must be \[N, 256\]",
+        r"fake_prompt_id must be \[N, span\] \(one row per image\) or a list",
     ),
     # ptuning_setup
     (
@@ -194,12 +194,17 @@ REFUSED = [
         ValueError,
         "hidden size 8 != model hidden_size 16",
     ),
-    ("table 2-D", lambda: ptuning_setup(torch.zeros(256, 8), "float16", 8), ValueError, r"input_vit \[N, 256, H\]"),
+    (
+        "table 2-D",
+        lambda: ptuning_setup(torch.zeros(256, 8), "float16", 8),
+        ValueError,
+        r"input_vit must be \[N, rows, H\].* got shape \(256, 8\)",
+    ),
     (
         "table a list",
         lambda: ptuning_setup([[[0.0] * 4] * 256], "float32", 4),
         TypeError,
-        r"prompt_table must be input_vit, a torch.Tensor \[N, 256, H\], or None; got list",
+        r"picture 0's features must be a torch.Tensor \[rows, H\], got list",
     ),
     (
         "integer features",
@@ -379,31 +384,31 @@ REFUSED = [
         "two features, one span",
         lambda: single_table_batch(ONE_SPAN, torch.zeros(2, 256, 4), V),
         ValueError,
-        r"1 image spans but input_vit has shape \(2, 256, 4\)",
+        "the ids hold 1 image spans but the features are for 2 pictures",
     ),
     (
         "features 2-D",
         lambda: per_request_tables(ONE_SPAN, torch.zeros(256, 4), V),
         ValueError,
-        r"input_vit must be \[N, 256, H\], one block .* got shape \(256, 4\)",
+        r"input_vit must be \[N, rows, H\], one block .* got shape \(256, 4\)",
     ),
     (
         "rows and spans differ",
         lambda: single_table_batch(ONE_SPAN, torch.zeros(1, 64, 4), V),
         ValueError,
-        "holds 256 ids, but a span holds exactly 64 here, one per row",
+        "image span 0 holds 256 ids but its picture's features have 64 rows",
     ),
     (
         "features a list",
         lambda: single_table_batch(ONE_SPAN, [[0.0]], V),
         TypeError,
-        "input_vit must be a torch.Tensor",
+        r"picture 0's features must be a torch.Tensor \[rows, H\], got list",
     ),
     (
         "two pictures, one slot",
         lambda: per_request_tables(torch.tensor([[*span(), *span()]]), torch.zeros(2, 256, 4), V, 2048 // 8),
         ValueError,
-        "a request has 2 images = 512 table rows.*only 256",
+        "a request's pictures need 512 table rows, but each request may hold only .* = 256 rows",
     ),
 ]
 

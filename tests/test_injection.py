@@ -94,7 +94,7 @@ def test_overwrite_casts_to_the_hidden_dtype_and_leaves_its_input_alone():
 
 
 def test_overwrite_checks_the_image_count():
-    with pytest.raises(ValueError, match=r"1 image spans but input_vit has shape \(2, 256, 2\)"):
+    with pytest.raises(ValueError, match=r"the ids hold 1 image spans but the features are for 2 pictures"):
         overwrite_image_spans(torch.zeros(1, 260, 2), torch.tensor([[0, 1, 258]]), torch.zeros(2, 256, 2))
 
 

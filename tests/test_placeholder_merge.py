@@ -12,12 +12,11 @@ from qwenvl_lab.placeholder_merge import (
     fuse_input_embeds,
     input_token_extra_ids,
     merge_multimodal_embeddings,
-    prompt_table_inputs,
     span_mask,
     vllm_qwen_vl_ids,
     write_placeholders,
 )
-from qwenvl_lab.prompt_table import prompt_tuning_embedding, single_table_batch
+from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from qwenvl_lab.tokenizing import IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
 
 V = 50  # a small vocabulary: ids 0 … 49
@@ -81,15 +80,17 @@ def test_vllm_drops_the_path_and_pads_every_span():
     ]
 
 
-def test_the_mask_table_is_run_pys_table_for_qwen_vl_spans():
+def test_a_list_of_blocks_is_run_pys_table_with_every_row_one_task():
+    """The pictures' features as a list of [rows, H] blocks give run.py's ids and table; task_vocab_size is then the
+    table's rows (ModelRunner's reading of a [rows, H] table) instead of run.py's 256 a picture."""
     ids = torch.tensor(
         [[7, *span(b"a.png"), 8, *span(b"b.png"), 9], [7, 7, 7, *span(b"c.png"), *[151643] * (IMG_TOKEN_SPAN + 2)]]
     )
     input_vit = torch.randn(3, IMG_TOKEN_SPAN, 4)
     expected = single_table_batch(ids, input_vit, MODEL_VOCAB_SIZE)
-    got = prompt_table_inputs(ids, span_mask(ids, locate_img_pos(ids)), list(input_vit), MODEL_VOCAB_SIZE)
+    got = single_table_batch(ids, list(input_vit), MODEL_VOCAB_SIZE)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
-    assert got[3] == 3 * IMG_TOKEN_SPAN  # one task, every row: task_vocab_size is the table
+    assert (expected[3], got[3]) == (IMG_TOKEN_SPAN, 3 * IMG_TOKEN_SPAN)
 
 
 def test_extra_ids_tell_apart_requests_whose_fake_ids_coincide():
@@ -103,31 +104,32 @@ def test_extra_ids_tell_apart_requests_whose_fake_ids_coincide():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=3), min_size=1, max_size=3), st.integers(0, 2**16))
 def test_the_three_rules_agree_on_spans_of_any_length(layout, seed):
-    """Rows of text with 0–3 images of 1–6 positions each; padding to one length with text ids."""
+    """Rows of text with 0–3 images of 1–6 positions each between tags 11 and 12 (ids 13 in the span); padding to one
+    length with text ids. The prompt table reads each span's length from img_pos."""
     rows, lengths = [], []
     for spans in layout:
         row = [1]
         for n in spans:
-            row += [11, *[12] * n, 13, 2]
+            row += [11, *[13] * n, 12, 2]
             lengths.append(n)
         rows.append(row)
     width = max(map(len, rows))
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])  # [B, L], left padded
-    is_image = ids == 12
+    is_image = ids == 13
     layer = embedding(seed % 7)
     gen = torch.Generator().manual_seed(seed)
     features = [torch.randn(n, 4, generator=gen) for n in lengths]
     looked_up = None
     if lengths:
-        fake, table, tasks, size = prompt_table_inputs(ids, is_image, features, V)
-        looked_up = prompt_tuning_embedding(fake, layer.weight, table, tasks, size, V)
+        for convention in (single_table_batch, per_request_tables):
+            fake, table, tasks, size = convention(ids, features, V, image_start_id=11)
+            looked_up = prompt_tuning_embedding(fake, layer.weight, table, tasks, size, V)
+            assert torch.equal(looked_up, merge_multimodal_embeddings(ids, layer(ids).clone(), features, 13))
     packed = write_placeholders(ids, is_image, V + 1).reshape(-1)  # TensorRT-LLM's sentinel, requests packed
     kept, fused = fuse_input_embeds(layer, packed, features)
     fused = layer(kept).reshape(*ids.shape, 4) if fused is None else fused.reshape(*ids.shape, 4)
-    merged = merge_multimodal_embeddings(ids, layer(ids).clone(), features, 12) if lengths else layer(ids)
+    merged = merge_multimodal_embeddings(ids, layer(ids).clone(), features, 13) if lengths else layer(ids)
     assert torch.equal(fused, merged)
-    if looked_up is not None:
-        assert torch.equal(looked_up, merged)
     assert torch.equal(merged[~is_image], layer.weight[ids[~is_image]])
 
 
@@ -152,19 +154,19 @@ BAD_INPUT = [
         ValueError,
         "inputs_embeds must be",
     ),
-    (lambda: merge_multimodal_embeddings(torch.tensor([9]), torch.zeros(1, 4), "rows", 9), TypeError, "image features"),
+    (lambda: merge_multimodal_embeddings(torch.tensor([9]), torch.zeros(1, 4), "rows", 9), TypeError, "got str"),
     (lambda: vllm_qwen_vl_ids([IMAGE_START_ID, 5]), ValueError, "never closed"),
     (lambda: vllm_qwen_vl_ids([5, IMAGE_END_ID]), ValueError, "without an <img>"),
     (lambda: vllm_qwen_vl_ids([IMAGE_START_ID, IMAGE_START_ID, IMAGE_END_ID]), ValueError, "inside another"),
     (
-        lambda: prompt_table_inputs(torch.tensor([[1, 12]]), torch.tensor([[False, True]]), [torch.ones(2, 4)], V),
+        lambda: single_table_batch(torch.tensor([[11, 13, 12]]), [torch.ones(2, 4)], V, image_start_id=11),
         ValueError,
-        "1 image positions but 2",
+        "image span 0 holds 1 ids but its picture's features have 2 rows",
     ),
     (
-        lambda: prompt_table_inputs(torch.tensor([[1, 12]]), torch.tensor([[True]]), [torch.ones(1, 4)], V),
+        lambda: per_request_tables(torch.tensor([[11, 12]]), [torch.ones(1, 4)], V, image_start_id=11),
         ValueError,
-        "is_image has shape",
+        "holds no ids",
     ),
     (lambda: write_placeholders(torch.tensor([1, 2]), torch.tensor([1, 0]), 9), ValueError, "bool mask"),
     (lambda: span_mask(torch.zeros(1, 4, dtype=torch.long), [[0, 2, 9]]), ValueError, "outside input_ids"),

@@ -8,17 +8,17 @@ from transformers import Qwen2VLConfig
 
 from qwenvl_lab.chat import answer_text
 from qwenvl_lab.checkpoint import load_checkpoint
+from qwenvl_lab.engine import ModelRunner
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.placeholder_merge import (
     TLLM_SENTINEL_OFFSET,
     fuse_input_embeds,
     merge_multimodal_embeddings,
-    prompt_table_inputs,
     span_mask,
     vllm_qwen_vl_ids,
     write_placeholders,
 )
-from qwenvl_lab.prompt_table import prompt_tuning_embedding, single_table_batch
+from qwenvl_lab.prompt_table import per_request_tables, prompt_tuning_embedding, single_table_batch
 from qwenvl_lab.qwen2_vl import (
     IMAGE_TOKEN_ID,
     QWEN2_VL_SPECIAL_IDS,
@@ -32,7 +32,7 @@ from qwenvl_lab.qwen2_vl import (
     rope_positions,
     tiny_qwen2_vl,
 )
-from qwenvl_lab.tokenizing import IM_END_ID, IMAGE_PAD_ID, make_context
+from qwenvl_lab.tokenizing import IM_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, make_context
 from qwenvl_lab.toy import DATA_DIR, TOY_DIR
 
 IMAGES = DATA_DIR / "images"
@@ -101,11 +101,13 @@ def test_the_prompt_is_chatml_with_a_vision_block_before_the_question(tokenizer)
     assert qwen2_vl_decode(tokenizer, [151654, 9370]) == "<|id_151654|>" + tokenizer.decode([9370])
 
 
-def four_ways(wte, qwen2_vl, ids, is_image, features):
+def four_ways(wte, qwen2_vl, ids, start_id, features):
     """Input embeddings [B, L, H] of (a) the prompt table, (b) TensorRT-LLM's sentinel, (c) vLLM's <imgpad> mask,
-    (d) transformers' image_token_id merge, for the same ids outside the image positions."""
+    (d) transformers' image_token_id merge, for the same ids outside the image positions (`start_id`: the id opening
+    each image span, closed by start_id + 1)."""
     vocab = wte.num_embeddings
-    fake, table, tasks, size = prompt_table_inputs(ids, is_image, features, vocab)
+    is_image = span_mask(ids, locate_img_pos(ids, start_id, span=None))
+    fake, table, tasks, size = single_table_batch(ids, features, vocab, image_start_id=start_id)
     a = prompt_tuning_embedding(fake, wte.weight, table, tasks, size, vocab)
     sentinel = write_placeholders(ids, is_image, vocab + TLLM_SENTINEL_OFFSET)
     _, b = fuse_input_embeds(wte, sentinel.reshape(-1), features)
@@ -128,14 +130,14 @@ def test_four_injections_give_the_toy_model_identical_embeddings_and_answers(toy
     ids = torch.tensor([[151643] * (width - len(r)) + r for r in rows])  # [2, L], left padded
     img_pos = locate_img_pos(ids)
     input_vit = toy.transformer.visual.encode(pictures)  # [3, 256, H]
-    ways = four_ways(toy.transformer.wte, qwen2_vl, ids, span_mask(ids, img_pos), list(input_vit))
+    ways = four_ways(toy.transformer.wte, qwen2_vl, ids, IMAGE_START_ID, list(input_vit))
     reference = ways.pop("prompt table")
     assert reference.dtype == torch.float32
     assert {name: torch.equal(e, reference) for name, e in ways.items()} == dict.fromkeys(ways, True)
     assert torch.equal(reference[span_mask(ids, img_pos)], input_vit.reshape(-1, input_vit.shape[-1]))
     # (a) is the course's run.py table, and (c)'s ids are what vLLM makes of the course's prompt
     fake = single_table_batch(ids, input_vit, toy.config.vocab_size)[0]
-    assert torch.equal(fake, prompt_table_inputs(ids, span_mask(ids, img_pos), list(input_vit), 151936)[0])
+    assert torch.equal(fake, single_table_batch(ids, list(input_vit), 151936)[0])
     assert vllm_qwen_vl_ids(ids[0]) == write_placeholders(ids, span_mask(ids, img_pos), IMAGE_PAD_ID)[0].tolist()
     # the same answer: greedy decoding from each injection's embeddings (request 0)
     answers = set()
@@ -163,7 +165,7 @@ def test_four_injections_agree_on_random_tables_with_spans_of_different_lengths(
     width = max(map(len, rows))
     ids = torch.tensor([[151643] * (width - len(r)) + r for r in rows])  # two spans of 64 and one of 299 ids
     features = [torch.randn(n, 16, generator=gen) for n in (64, 299, 64)]
-    ways = four_ways(wte, tiny_qwen2_vl(wte.weight), ids, ids == IMAGE_TOKEN_ID, features)
+    ways = four_ways(wte, tiny_qwen2_vl(wte.weight), ids, VISION_START_ID, features)
     reference = ways.pop("prompt table")
     assert all(torch.equal(e, reference) for e in ways.values())
     assert torch.equal(reference[1, ids[1] == IMAGE_TOKEN_ID], torch.cat(features[1:]))  # in order within a row
@@ -207,3 +209,41 @@ def test_bad_input_is_refused_with_what_to_do(call, error, message, qwen2_vl, to
 def test_one_picture_needs_no_list():
     picture = Image.new("RGB", (224, 224))
     assert torch.equal(image_inputs(picture)["image_grid_thw"], image_inputs([picture])["image_grid_thw"])
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("convention", [per_request_tables, single_table_batch], ids=lambda f: f.__name__)
+def test_spans_of_different_lengths_through_the_engine_equal_transformers_qwen2_vl_merge(
+    convention, tiny_engine, tokenizer, monkeypatch
+):
+    """Two requests in one batch, pictures whose spans hold 40, 97 and 40 ids (Qwen2-VL's way: the span follows the
+    picture), go through the course's table builder and the engine's own lookup; the embeddings the engine decodes
+    from equal, bit for bit in float32, what transformers' Qwen2-VL merge writes for the same features."""
+    runner = ModelRunner.from_dir(tiny_engine)
+    wte = runner.engine.vocab_embedding  # [V, H] float32
+    rows = [
+        qwen2_vl_prompt(tokenizer, "图片里是什么？", [40]),
+        qwen2_vl_prompt(tokenizer, "两张图有什么不同？", [97, 40]),
+    ]
+    width = max(map(len, rows))
+    ids = torch.tensor([[151643] * (width - len(r)) + r for r in rows])  # [2, L], left padded
+    gen = torch.Generator().manual_seed(5)
+    features = [torch.randn(n, wte.shape[1], generator=gen) for n in (40, 97, 40)]
+    fake, table, tasks, task_vocab_size = convention(ids, features, runner.vocab_size, image_start_id=VISION_START_ID)
+    seen = []
+    embed = runner._embed
+    monkeypatch.setattr(runner, "_embed", lambda *args: seen.append(embed(*args)) or seen[-1])
+    runner.generate(
+        [fake[r, width - len(row) :] for r, row in enumerate(rows)],
+        prompt_table=table,
+        prompt_tasks=tasks,
+        task_vocab_size=torch.tensor([task_vocab_size]),
+        max_new_tokens=1,
+        end_id=IM_END_ID,
+        pad_id=IM_END_ID,
+    )
+    qwen2_vl = tiny_qwen2_vl(wte)
+    merged = merged_input_embeds(qwen2_vl, torch.where(fake >= runner.vocab_size, IMAGE_TOKEN_ID, ids), features)
+    assert [e.dtype for e in seen] == [torch.float32] * 2
+    for r, row in enumerate(rows):
+        assert torch.equal(seen[r], merged[r, width - len(row) :]), f"request {r}"

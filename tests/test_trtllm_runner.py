@@ -150,14 +150,14 @@ def test_one_request_in_the_single_table_convention_gets_its_own_table(tmp_path)
 def test_the_single_table_convention_does_not_fit_in_flight_batching(runner):
     """Python-session ids (V + 256·k + j over the batch, tasks 0) need the whole table per request: refused."""
     ids, table, tasks, tvs = single_table_batch(torch.stack([prompt(1), prompt(1)]), torch.randn(2, 256, H), V)
-    with pytest.raises(ValueError, match="a request's table has 512 rows, but this engine allows"):
+    with pytest.raises(ValueError, match="a request's pictures need 512 table rows, but each request may hold only"):
         runner.generate(list(ids), table.half(), "0,0", task_vocab_size=tvs)
 
 
 def test_a_table_larger_than_a_request_slot_is_refused_before_tensorrt_llm(runner):
     ids, table = fake_request(num_images=2)
     assert table.shape[1] == 512 and runner.session is None  # generate would fail on the session if it got that far
-    with pytest.raises(ValueError, match=r"2048 / 8 = 256 rows per request \(1 image"):
+    with pytest.raises(ValueError, match=r"max_batch_size = 2048 / 8 = 256 rows"):
         runner.generate([ids], table, "0")
 
 

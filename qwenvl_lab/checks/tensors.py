@@ -170,12 +170,12 @@ def check_finite(values: torch.Tensor, where, fix: str) -> None:
 # image spans and fake ids
 
 
-def check_image_spans(input_ids, image_start_id: int, span: int) -> torch.Tensor:
+def check_image_spans(input_ids, image_start_id: int, span: int | None) -> torch.Tensor:
     """`input_ids` as a batch [B, L] in which every `<img>` (image_start_id) is closed by `</img>` (image_start_id + 1)
-    exactly `span` ids later, before the next `<img>`, in the same row."""
+    before the next `<img>`, in the same row, `span` ids later (None: any number of ids, at least one)."""
     input_ids = as_batch(input_ids)
     image_start_id = check_int("image_start_id", image_start_id, 0, INT64_MAX - 1)
-    span = check_int("span", span, 0)
+    span = None if span is None else check_int("span", span, 0)
     tags = (input_ids == image_start_id) | (input_ids == image_start_id + 1)
     for row, positions in enumerate(tags.tolist()):
         found = [(k, int(input_ids[row, k]) == image_start_id) for k, tag in enumerate(positions) if tag]
@@ -192,10 +192,16 @@ def check_image_spans(input_ids, image_start_id: int, span: int) -> torch.Tensor
                     f"row {row}: image tags are unbalanced or nested near positions {a} and {b}; each <img> must be "
                     "closed by </img> before the next <img>"
                 )
-            if b - a - 1 != span:
+            if span is not None and b - a - 1 != span:
                 raise ValueError(
                     f"row {row}: the image span <img>@{a} … </img>@{b} holds {b - a - 1} ids, but a span holds exactly "
-                    f"{span} here, one per row of its picture's features (Qwen-VL's: 256, path bytes padded with <imgpad>)"
+                    f"{span} here, one per row of its picture's features (Qwen-VL's tokenizer pads the path bytes "
+                    "with <imgpad> to that length)"
+                )
+            if span is None and b - a - 1 < 1:
+                raise ValueError(
+                    f"row {row}: the image span <img>@{a} … </img>@{b} holds no ids; a picture needs one position per "
+                    "row of its features"
                 )
     return input_ids
 
@@ -212,9 +218,10 @@ def check_fake_id_counts(vocab_size, num_images, tokens_per_image) -> None:
         )
 
 
-def check_span_replacement(input_ids, img_pos, fake_prompt_id) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids [B, L], img_pos [N, 3], fake_prompt_id [N, span]) once each image k's span (i, a, b) lies inside the
-    ids, overlaps no other and holds exactly one row of fake ids."""
+def check_span_replacement(input_ids, img_pos, fake_prompt_id) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """(input_ids [B, L], img_pos [N, 3], one 1-D tensor of fake ids per image) once each image k's span (i, a, b)
+    lies inside the ids, overlaps no other and has as many positions as image k has fake ids (`fake_prompt_id`:
+    [N, span] or a list of N 1-D tensors, one per span's length)."""
     input_ids = as_batch(input_ids)
     img_pos = as_int_tensor(img_pos, "img_pos")
     if img_pos.numel() == 0:
@@ -226,15 +233,19 @@ def check_span_replacement(input_ids, img_pos, fake_prompt_id) -> tuple[torch.Te
             f"img_pos must be [N, 3] (batch row, <img> index, </img> index), got shape {tuple(img_pos.shape)}; "
             "make it with locate_img_pos"
         )
-    fake_prompt_id = as_int_tensor(fake_prompt_id, "fake_prompt_id")
-    if fake_prompt_id.dim() != 2:
+    if isinstance(fake_prompt_id, (list, tuple)):
+        rows = [as_int_tensor(ids, f"fake_prompt_id[{k}]").reshape(-1) for k, ids in enumerate(fake_prompt_id)]
+    else:
+        fake_prompt_id = as_int_tensor(fake_prompt_id, "fake_prompt_id")
+        if fake_prompt_id.dim() != 2:
+            raise ValueError(
+                f"fake_prompt_id must be [N, span] (one row per image) or a list of one 1-D tensor per image, got "
+                f"shape {tuple(fake_prompt_id.shape)}; make it with make_fake_prompt_ids or fake_ids_for_spans"
+            )
+        rows = list(fake_prompt_id)
+    if img_pos.shape[0] != len(rows):
         raise ValueError(
-            f"fake_prompt_id must be [N, 256] (one row per image), got shape {tuple(fake_prompt_id.shape)}; "
-            "make it with make_fake_prompt_ids"
-        )
-    if img_pos.shape[0] != fake_prompt_id.shape[0]:
-        raise ValueError(
-            f"{img_pos.shape[0]} image spans in img_pos but {fake_prompt_id.shape[0]} rows of fake_prompt_id; "
+            f"{img_pos.shape[0]} image spans in img_pos but {len(rows)} rows of fake_prompt_id; "
             "make one row of fake ids per image"
         )
     batch, length = input_ids.shape
@@ -247,81 +258,97 @@ def check_span_replacement(input_ids, img_pos, fake_prompt_id) -> tuple[torch.Te
             )
         if a <= previous.get(i, -1):
             raise ValueError(f"image {k}: span {a}…{b} in row {i} overlaps the span before it; spans must not overlap")
-        if b - a - 1 != fake_prompt_id.shape[1]:
-            raise ValueError(
-                f"image {k}: span {a}…{b} holds {b - a - 1} ids but fake_prompt_id rows hold {fake_prompt_id.shape[1]}"
-            )
+        if b - a - 1 != len(rows[k]):
+            raise ValueError(f"image {k}: span {a}…{b} holds {b - a - 1} ids but its fake ids are {len(rows[k])}")
         previous[i] = b
-    return input_ids, img_pos, fake_prompt_id
+    return input_ids, img_pos, rows
 
 
 # image features and prompt tables
 
 
-def check_features_shape(input_vit) -> None:
-    """Refuse `input_vit` unless it is a tensor [N, rows, H]: one block of feature rows per picture."""
+def feature_blocks(input_vit) -> list[torch.Tensor]:
+    """One [rows, H] block per picture from `input_vit` [N, rows, H] (Qwen-VL's vision tower) or a list of [rows_k, H]
+    blocks of one width and dtype (pictures of any span length)."""
+    if isinstance(input_vit, (list, tuple)):
+        blocks = list(input_vit)
+        for k, block in enumerate(blocks):
+            if not isinstance(block, torch.Tensor):
+                raise TypeError(f"picture {k}'s features must be a torch.Tensor [rows, H], got {type(block).__name__}")
+            if block.dim() != 2:
+                raise ValueError(f"picture {k}'s features must be [rows, H], got shape {tuple(block.shape)}")
+        if len({(b.shape[1], b.dtype) for b in blocks}) > 1:
+            raise ValueError(
+                "the pictures' features must share one width H and dtype, got "
+                f"{[(tuple(b.shape), str(b.dtype)) for b in blocks]}"
+            )
+        return blocks
     if not isinstance(input_vit, torch.Tensor):
         raise TypeError(
-            f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), got {type(input_vit).__name__}"
+            "input_vit must be a torch.Tensor [N, rows, H] (the vision tower's output) or a list of [rows, H] blocks, "
+            f"got {type(input_vit).__name__}"
         )
     if input_vit.dim() != 3:
         raise ValueError(
-            f"input_vit must be [N, 256, H], one block of feature rows per picture, got shape {tuple(input_vit.shape)}"
+            f"input_vit must be [N, rows, H], one block of feature rows per picture, got shape {tuple(input_vit.shape)}"
         )
+    return list(input_vit)
 
 
-def check_image_count(img_pos: torch.Tensor, input_vit) -> None:
-    """Refuse ids holding a different number of image spans than `input_vit` [N, 256, H] has images."""
-    if not isinstance(input_vit, torch.Tensor):
-        raise TypeError(
-            f"input_vit must be a torch.Tensor [N, 256, H] (the vision tower's output), got {type(input_vit).__name__}"
-        )
-    if input_vit.dim() != 3 or img_pos.shape[0] != input_vit.shape[0]:
+def check_span_rows(lengths: list[int], blocks: list[torch.Tensor]) -> None:
+    """Refuse features that do not fill the image spans: one block per span, as many rows as the span has ids."""
+    if len(lengths) != len(blocks):
         raise ValueError(
-            f"the ids hold {img_pos.shape[0]} image spans but input_vit has shape {tuple(input_vit.shape)}; "
-            "give one [256, H] feature block per image, in order"
+            f"the ids hold {len(lengths)} image spans but the features are for {len(blocks)} pictures; "
+            "give one feature block per image span, in order"
         )
+    for k, (n, block) in enumerate(zip(lengths, blocks)):
+        if block.shape[0] != n:
+            raise ValueError(
+                f"image span {k} holds {n} ids but its picture's features have {block.shape[0]} rows; a span holds "
+                "one id per feature row"
+            )
 
 
-def check_features(input_vit, hidden_size: int, dtype: torch.dtype) -> None:
-    """Refuse `input_vit` unless it is floating-point [N, rows, hidden_size], finite, and finite once cast to `dtype`."""
-    if not isinstance(input_vit, torch.Tensor):
-        raise TypeError(
-            f"prompt_table must be input_vit, a torch.Tensor [N, 256, H], or None; got {type(input_vit).__name__}"
+def check_features(input_vit, hidden_size: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The pictures' feature blocks [rows, hidden_size] (`feature_blocks`) once floating-point, finite, and finite once
+    cast to `dtype`."""
+    blocks = feature_blocks(input_vit)
+    for block in [input_vit] if isinstance(input_vit, torch.Tensor) else blocks:  # an empty [0, rows, H] too
+        if not block.dtype.is_floating_point:
+            raise TypeError(
+                f"input_vit must hold floating-point features (the vision tower's output), got dtype {block.dtype}"
+            )
+    for k, block in enumerate(blocks):
+        if block.shape[1] != hidden_size:
+            raise ValueError(
+                f"prompt table hidden size {block.shape[1]} != model hidden_size {hidden_size}; "
+                "the vision tower's output_dim must equal the language model's hidden_size"
+            )
+        check_finite(
+            block,
+            lambda i, k=k: f"input_vit image {k} (its query {i[0]}, feature {i[1]})",
+            "the vision tower gave them for that picture; check its weights and dtype",
         )
-    if input_vit.dim() != 3:
-        raise ValueError(f"prompt_table must be input_vit [N, 256, H], got shape {tuple(input_vit.shape)}")
-    if not input_vit.dtype.is_floating_point:
-        raise TypeError(
-            f"input_vit must hold floating-point features (the vision tower's output), got dtype {input_vit.dtype}"
-        )
-    if input_vit.shape[2] != hidden_size:
+        bad = first_non_finite(block.to(dtype))
+        if bad is not None:
+            raise ValueError(
+                f"input_vit image {k} holds {float(block[bad]):g} at query {bad[0]}, feature {bad[1]}, which "
+                f"{dtype} cannot hold (it becomes inf); use a wider dtype (float32 or bfloat16) or check the vision tower"
+            )
+    return blocks
+
+
+def check_rows_per_request(
+    most_rows: int, rows_per_request, block: str = "max_prompt_embedding_table_size / max_batch_size"
+) -> int:
+    """The table rows each request gets: `rows_per_request` (the executor's block, `block` says how it was computed)
+    when the fullest request's `most_rows` fit in it; left out (None), just those rows."""
+    rows_per_request = most_rows if rows_per_request is None else check_int("rows_per_request", rows_per_request, 0)
+    if most_rows > rows_per_request:
         raise ValueError(
-            f"prompt table hidden size {input_vit.shape[2]} != model hidden_size {hidden_size}; "
-            "the vision tower's output_dim must equal the language model's hidden_size"
-        )
-    check_finite(
-        input_vit,
-        lambda k: f"input_vit image {k[0]} (its query {k[1]}, feature {k[2]})",
-        "the vision tower gave them for that picture; check its weights and dtype",
-    )
-    bad = first_non_finite(input_vit.to(dtype))
-    if bad is not None:
-        raise ValueError(
-            f"input_vit image {bad[0]} holds {float(input_vit[bad]):g} at query {bad[1]}, feature {bad[2]}, which "
-            f"{dtype} cannot hold (it becomes inf); use a wider dtype (float32 or bfloat16) or check the vision tower"
-        )
-
-
-def check_rows_per_request(most_images: int, span: int, rows_per_request) -> int:
-    """The table rows each request gets: `rows_per_request` when the fullest request's `most_images` pictures of
-    `span` rows fit in it; left out (None), just those rows."""
-    needed = most_images * span
-    rows_per_request = needed if rows_per_request is None else check_int("rows_per_request", rows_per_request, 0)
-    if needed > rows_per_request:
-        raise ValueError(
-            f"a request has {most_images} images = {needed} table rows, but each request may hold only "
-            f"{rows_per_request} (max_prompt_embedding_table_size / max_batch_size); send fewer images per request"
+            f"a request's pictures need {most_rows} table rows, but each request may hold only {block} = "
+            f"{rows_per_request} rows; send fewer pictures per request, or rebuild with a larger table"
         )
     return rows_per_request
 

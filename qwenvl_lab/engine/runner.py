@@ -9,7 +9,7 @@ from ..checks.values import check_model_limits
 from ..layout import to_trtllm_names
 from ..limits import BuildConfig
 from ..prompt_table import lookup
-from ..requests import CheckedRequest, OneGeneration, Runner, SamplingConfig
+from ..requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, ends_with_stop_word
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
 from .build import TUNING_FILE, load_engine_config, load_engine_weights
@@ -224,11 +224,8 @@ class ModelRunner(Runner):
 
     def _ends_with_stop_word(self, new_ids, generated, stop_words) -> torch.Tensor:
         """Rows whose generated tokens (new_ids [B, t], generated [B] of them) end with one of their stop words: [B]."""
-        ends = torch.zeros(new_ids.shape[0], dtype=torch.bool, device=self.device)
-        for r, words in enumerate(stop_words):
-            tail = new_ids[r, : int(generated[r])].tolist()
-            ends[r] = any(len(w) <= len(tail) and tuple(tail[len(tail) - len(w) :]) == w for w in words)
-        return ends
+        ends = [ends_with_stop_word(new_ids[r, : int(generated[r])].tolist(), w) for r, w in enumerate(stop_words)]
+        return torch.tensor(ends, dtype=torch.bool, device=self.device)
 
     @torch.inference_mode()
     def _beam_steps(self, requests, embeds, search: BeamSearch):
