@@ -10,10 +10,11 @@ from .checks.tensors import (
     as_batch,
     check_features,
     check_lookup_inputs,
+    check_rows_in_table,
     check_rows_per_request,
     check_rows_read,
-    check_runtime_table,
     check_span_rows,
+    check_table,
     feature_blocks,
     one_int,
     parse_tasks,
@@ -53,7 +54,7 @@ def runtime_prompt_table(prompt_table, hidden_size: int, dtype) -> torch.Tensor:
     """A table handed to an engine at run time (tensor or .npy path): [rows, H] or [tables, rows, H], engine dtype."""
     if isinstance(prompt_table, (str, Path)):
         prompt_table = torch.from_numpy(np.load(prompt_table))
-    return check_runtime_table(prompt_table, hidden_size, dtype)
+    return check_table(prompt_table, hidden_size, dtype, per_task=True)
 
 
 def rows_read(input_ids: torch.Tensor, tasks: torch.Tensor, task_vocab_size: int, vocab_size: int) -> torch.Tensor:
@@ -81,10 +82,12 @@ def prompt_tuning_embedding(input_ids, vocab_embedding, prompt_table, tasks, tas
     return lookup(input_ids, vocab_embedding, prompt_table, rows, vocab_size)
 
 
-def table_size(prompt_table: torch.Tensor, task: int | None = None, task_vocab_size: int = 0) -> str:
-    """What a request may read of a flat table: "the table has N rows (task t starts at row s)"."""
+def table_size(prompt_table, task: int | None = None, task_vocab_size: int = 0) -> str:
+    """What a request may read of a flat table (a tensor, or its number of rows): "the table has N rows (task t starts
+    at row s)"."""
+    rows = prompt_table if isinstance(prompt_table, int) else len(prompt_table)
     start = "" if task is None else f" (task {task} starts at row {task * task_vocab_size})"
-    return f"the table has {len(prompt_table)} rows{start}"
+    return f"the table has {rows} rows{start}"
 
 
 def images_per_row(img_pos: torch.Tensor, batch_size: int) -> list[int]:
@@ -170,14 +173,12 @@ def lookup_rows(input_ids, tasks, task_vocab_size, vocab_size: int, table_rows: 
     input_ids = as_batch(input_ids)  # [B, L]
     tasks = torch.tensor(parse_tasks(tasks, input_ids.shape[0]))  # [B]
     task_vocab_size = one_int(task_vocab_size, "task_vocab_size", 0)
+    every = rows_read(input_ids, tasks, task_vocab_size, vocab_size)  # [B, L]
+    if table_rows is not None:
+        for b, ids in enumerate(input_ids):
+            check_rows_in_table(b, ids, every[b], vocab_size, table_rows, table_size(table_rows))
     seq, pos = torch.where(input_ids >= vocab_size)
-    rows = rows_read(input_ids, tasks, task_vocab_size, vocab_size)[seq, pos]  # [M]
-    if table_rows is not None and len(rows) and int(rows.max()) >= table_rows:
-        raise ValueError(
-            f"a fake id reads row {int(rows.max())} but the prompt table has {table_rows} rows "
-            "(on a GPU engine this read would go out of bounds)"
-        )
-    return torch.stack([seq, pos, input_ids[seq, pos], rows], dim=1)  # [M, 4]
+    return torch.stack([seq, pos, input_ids[seq, pos], every[seq, pos]], dim=1)  # [M, 4]
 
 
 @dataclass(frozen=True)

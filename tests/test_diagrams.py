@@ -61,7 +61,7 @@ def test_table_layout_of_the_python_session_counts_pictures_across_the_batch():
     ]
     with pytest.raises(ValueError, match="2 tasks for 3 requests"):
         table_layout(ids, [0, 0], IMG_TOKEN_SPAN, V, 768)
-    with pytest.raises(ValueError, match="prompt table has 512 rows"):
+    with pytest.raises(ValueError, match="the table has 512 rows"):
         table_layout(ids, [0, 0, 0], IMG_TOKEN_SPAN, V, 512)
 
 

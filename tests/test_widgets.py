@@ -268,7 +268,7 @@ def test_lookup_rows_errors():
         lookup_rows(fake_ids, [0], tvs, MODEL_VOCAB_SIZE)
     with pytest.raises(ValueError, match=r"tasks must be in \[0, "):
         lookup_rows(fake_ids, [0, -1], tvs, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match=f"reads row {3 * IMG_TOKEN_SPAN - 1} but the prompt table has 256 rows"):
+    with pytest.raises(ValueError, match="reads prompt-table row 256, but the table has 256 rows"):
         lookup_rows(fake_ids, tasks, tvs, MODEL_VOCAB_SIZE, table_rows=IMG_TOKEN_SPAN)
     assert lookup_rows(ids, tasks, tvs, MODEL_VOCAB_SIZE).shape == (0, 4)
 
@@ -330,7 +330,7 @@ def test_table_explorer_names_the_fake_id_on_the_slider_and_marks_its_row_from_t
     assert Image.open(io.BytesIO(bytes(heat_map.value))).size == Image.open(io.BytesIO(first_map)).size
     with pytest.raises(ValueError, match="no fake prompt ids"):
         table_explorer(ids, table, tasks, tvs, MODEL_VOCAB_SIZE)
-    with pytest.raises(ValueError, match=f"prompt table has {IMG_TOKEN_SPAN} rows"):
+    with pytest.raises(ValueError, match=f"the table has {IMG_TOKEN_SPAN} rows"):
         table_explorer(fake_ids, table[:IMG_TOKEN_SPAN], tasks, tvs, MODEL_VOCAB_SIZE)
 
 

@@ -353,18 +353,24 @@ def check_rows_per_request(
     return rows_per_request
 
 
-def check_runtime_table(prompt_table, hidden_size: int, dtype) -> torch.Tensor:
-    """A table handed to a runner: [rows, H] or [tables, rows, H], H the engine's hidden size, in the engine dtype."""
-    if not isinstance(prompt_table, torch.Tensor):
-        raise TypeError(f"prompt_table must be a torch.Tensor (or a .npy path), got {type(prompt_table).__name__}")
-    if prompt_table.dim() not in (2, 3) or prompt_table.shape[-1] != hidden_size:
+def check_table(prompt_table, hidden_size: int, dtype, per_task: bool = False) -> torch.Tensor:
+    """A prompt table for the model: a floating-point tensor [rows, H] (or, with per_task, [tables, rows, H]), H the
+    model's hidden size, in the model's dtype."""
+    if not isinstance(prompt_table, torch.Tensor) or not prompt_table.dtype.is_floating_point:
+        raise TypeError(
+            "prompt_table must be a floating-point torch.Tensor (or a .npy path for a runner), got "
+            f"{prompt_table.dtype if isinstance(prompt_table, torch.Tensor) else type(prompt_table).__name__}"
+        )
+    shapes = (2, 3) if per_task else (2,)
+    if prompt_table.dim() not in shapes or prompt_table.shape[-1] != hidden_size:
         raise ValueError(
-            f"prompt_table must be [rows, {hidden_size}] (with task_vocab_size) or [tables, rows, {hidden_size}] "
-            f"(one table per task), {hidden_size} being the engine's hidden size; got {tuple(prompt_table.shape)}"
+            f"prompt_table must be [rows, {hidden_size}] (with task_vocab_size)"
+            + (f" or [tables, rows, {hidden_size}] (one table per task)" if per_task else "")
+            + f", {hidden_size} being the model's hidden size; got {tuple(prompt_table.shape)}"
         )
     if prompt_table.dtype != to_torch_dtype(dtype):
         raise TypeError(
-            f"prompt_table is {prompt_table.dtype} but the engine runs in {to_torch_dtype(dtype)}: cast it "
+            f"prompt_table is {prompt_table.dtype} but the model runs in {to_torch_dtype(dtype)}: cast it "
             "(ptuning_setup(input_vit, dtype=…, …) does)"
         )
     return prompt_table
@@ -374,27 +380,17 @@ def check_lookup_inputs(input_ids, vocab_embedding, prompt_table, tasks, task_vo
     """(input_ids [B, L], tasks [B] int64, task_vocab_size int) for the prompt-table lookup, once the embeddings and
     the table are floating-point of one width and dtype, the ids non-negative, one task per sequence."""
     input_ids = as_batch(input_ids)  # [B, L]
-    for name, value in (("vocab_embedding", vocab_embedding), ("prompt_table", prompt_table)):
-        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-            raise TypeError(
-                f"{name} must be a floating-point torch.Tensor, got "
-                f"{value.dtype if isinstance(value, torch.Tensor) else type(value).__name__}"
-            )
+    if not isinstance(vocab_embedding, torch.Tensor) or not vocab_embedding.dtype.is_floating_point:
+        raise TypeError(
+            "vocab_embedding must be a floating-point torch.Tensor, got "
+            f"{vocab_embedding.dtype if isinstance(vocab_embedding, torch.Tensor) else type(vocab_embedding).__name__}"
+        )
     if vocab_embedding.dim() != 2:
         raise ValueError(f"vocab_embedding must be [vocab rows, H], got shape {tuple(vocab_embedding.shape)}")
-    hidden = vocab_embedding.shape[1]
     vocab_size = check_int("vocab_size", vocab_size, 1)
     if vocab_size > vocab_embedding.shape[0]:
         raise ValueError(f"vocab_size {vocab_size} exceeds the {vocab_embedding.shape[0]} rows of vocab_embedding")
-    if prompt_table.dim() != 2 or prompt_table.shape[1] != hidden:
-        raise ValueError(
-            f"prompt_table must be [rows, {hidden}] (the model's hidden size), got {tuple(prompt_table.shape)}"
-        )
-    if prompt_table.dtype != vocab_embedding.dtype:
-        raise TypeError(
-            f"prompt_table dtype {prompt_table.dtype} != model dtype {vocab_embedding.dtype}; cast it with "
-            "ptuning_setup(…, dtype)"
-        )
+    check_table(prompt_table, vocab_embedding.shape[1], vocab_embedding.dtype)
     for b, ids in enumerate(input_ids):
         check_token_ids(ids, f"request {b}")
     tasks = torch.tensor(parse_tasks(tasks, input_ids.shape[0]), device=input_ids.device)  # [B]
@@ -402,9 +398,10 @@ def check_lookup_inputs(input_ids, vocab_embedding, prompt_table, tasks, task_vo
     return input_ids, tasks, task_vocab_size
 
 
-def check_rows_read(request: int, ids, rows, vocab_size: int, table: torch.Tensor, end: int, where: str) -> None:
-    """Refuse a fake id of request `request` (ids [L], fake where >= vocab_size) whose table row (rows [L]) lies at or
-    past `end`, the rows its task may read (`where` says which they are), or holds NaN or ±inf."""
+def check_rows_in_table(request: int, ids, rows, vocab_size: int, end: int, where: str) -> torch.Tensor:
+    """The positions of request `request`'s fake ids (ids [L] >= vocab_size) once the table row each reads (rows [L])
+    lies before `end`, the rows its task may read (`where` says which they are; on a GPU engine a row past them is
+    read out of bounds)."""
     fake = torch.nonzero(ids >= vocab_size)[:, 0]  # positions of the fake ids
     past = torch.nonzero((ids[fake] - vocab_size >= end) | (rows[fake] >= end))  # the first test: rows past int64
     if len(past):
@@ -413,6 +410,13 @@ def check_rows_read(request: int, ids, rows, vocab_size: int, table: torch.Tenso
             f"request {request}: id {int(ids[k])} at position {k} reads prompt-table row {int(rows[k])}, but {where}; "
             "ids must lie in [0, vocab_size + table rows)"
         )
+    return fake
+
+
+def check_rows_read(request: int, ids, rows, vocab_size: int, table: torch.Tensor, end: int, where: str) -> None:
+    """Refuse a fake id of request `request` whose table row lies at or past `end` (`check_rows_in_table`), or holds
+    NaN or ±inf."""
+    fake = check_rows_in_table(request, ids, rows, vocab_size, end, where)
     check_finite(
         table[rows[fake]],
         lambda n: (
