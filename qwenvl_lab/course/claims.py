@@ -94,9 +94,10 @@ CLAIMS = (
         "§2.2",
         "An example sequence [151652, 151653, …, 151848, 13, 456, 789], the patches 151653–151848.",
         "Not Qwen-VL's ids: its <img> is 151857 (config.json's visual.image_start_id) and its fake ids run from "
-        "151936. Nor another model's numbering: only the first id coincides, 151652 being Qwen2-VL's vision_start; "
+        "151936. Nor Qwen2-VL's numbering: only the first id plays the same part there (151652, vision_start); "
         "151653, a patch in the article, is Qwen2-VL's vision_end, and Qwen2-VL writes one id, image_pad 151655, at "
-        "every image position. The 196 ids 151653–151848 are the article's own 224 × 224 example (C1).",
+        "every image position, where the article gives each patch its own. The 196 ids 151653–151848 are the "
+        "article's own 224 × 224 example (C1).",
         "measured: transformers' Qwen2VLConfig() defaults: vision_start_token_id 151652 (the article's first id), "
         "vision_end_token_id 151653 (a patch in the article), image_token_id 151655",
         "corrected",
