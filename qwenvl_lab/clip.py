@@ -1,4 +1,4 @@
-"""transformers' CLIP, small and with random weights: the design article 1 compares the prompt table with (notebook 07).
+"""transformers' CLIP, small and with random weights: the design article 1 compares the prompt table with (notebook 13).
 
 Nothing is downloaded: the config is built here, and what CLIP does with a text and an image does not depend on
 trained weights (two towers, a projection each, a scaled cosine between them).

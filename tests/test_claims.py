@@ -1,5 +1,5 @@
-"""The claims' records: each has one kind of evidence in the agreed form, docs/articles.md holds them unchanged, and
-notebook 07 takes up every claim and quotes every source it rests on."""
+"""The claims' records: each has one kind of evidence in the agreed form, docs/articles.md holds them unchanged and
+quotes every source they rest on, and notebook 13 shows every claim and measures the measured ones."""
 
 import json
 import re
@@ -56,13 +56,34 @@ def test_a_source_names_repository_commit_and_paths():
     assert two.kind == "source" and str(two).startswith("C0 · confirmed · source:")
 
 
-def test_notebook_07_takes_up_every_claim_and_quotes_its_sources():
-    markdown = notebook_text("07_performance_and_fact_check.ipynb", "markdown")
+def test_docs_articles_quotes_every_source_a_verdict_rests_on():
+    docs = (ROOT / "docs" / "articles.md").read_text()
+    quotes = docs.split("## The upstream lines behind each source verdict")[1]
+    sections = dict(re.findall(r"^### (C\d+[ab]?) ·(.*?)(?=^### |\Z)", quotes, re.M | re.S))
     for claim in CLAIMS:
-        assert re.search(rf"^### {claim.id} ·", markdown, re.M), f"notebook 07 has no section for {claim.id}"
-        if claim.kind == "source":
-            for part in claim.evidence.removeprefix("source: ").split("; "):
-                repo, paths = part.split(" ", 1)
-                assert repo in markdown, f"{claim.id}: notebook 07 does not name {repo}"
-                for path in paths.split(", "):
-                    assert Path(path).name in markdown, f"{claim.id}: notebook 07 does not quote {path}"
+        if claim.kind != "source":
+            continue
+        assert claim.id in sections, f"docs/articles.md quotes no lines for {claim.id}"
+        for part in claim.evidence.removeprefix("source: ").split("; "):
+            repo, paths = part.split(" ", 1)
+            assert repo in sections[claim.id], f"{claim.id}: docs/articles.md does not name {repo}"
+            for path in paths.split(", "):
+                assert Path(path).name in sections[claim.id], f"{claim.id}: docs/articles.md does not quote {path}"
+
+
+def test_notebook_13_measures_every_measured_claim_and_shows_them_all():
+    code = notebook_text("13_the_articles_claims.ipynb", "code")
+    for claim in CLAIMS:
+        if claim.kind == "measured":
+            assert re.search(rf'verdict(_range)?\(\s*"{claim.id}"', code), f"notebook 13 does not measure {claim.id}"
+        else:
+            assert f'settle(factcheck.verdict("{claim.id}"' not in code
+    assert "for c in CLAIMS" in code and "assert set(shown) == {c.id for c in CLAIMS}" in code
+
+
+def test_no_verdict_rests_on_a_definition_or_on_this_package():
+    """A measurement names code or hardware this project did not write; 'element size' and the like are definitions."""
+    for claim in CLAIMS:
+        if claim.kind == "measured":
+            assert not re.search(r"element size|bytes per number", claim.evidence), claim.id
+            assert "this package" not in claim.evidence or "not TensorRT-LLM" in claim.evidence, claim.id

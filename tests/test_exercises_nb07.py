@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from qwenvl_lab.course import exercises
 from qwenvl_lab.course.exercises import check
@@ -62,61 +61,20 @@ def total_time_ratio(report, batch):
     return row(report, "eager", batch)["total_ms"] / row(report, "engine", batch)["total_ms"]
 
 
+def pct_of_limit_ratio(report, batch):
+    return row(report, "engine", batch)["pct_of_limit"] / row(report, "eager", batch)["pct_of_limit"]
+
+
+def speed_difference(report, batch):
+    return row(report, "engine", batch)["decode_tokens_per_s"] - row(report, "eager", batch)["decode_tokens_per_s"]
+
+
+def ttft_ratio(report, batch):
+    return row(report, "eager", batch)["ttft_ms"] / row(report, "engine", batch)["ttft_ms"]
+
+
 def speedup_at_batch_4(report, batch):
     return speedup(report, 4)  # ignores `batch`
-
-
-def logits_by_features(model, input_ids, pixel_values):
-    images = model.get_image_features(pixel_values=pixel_values).pooler_output
-    texts = model.get_text_features(input_ids=input_ids).pooler_output
-    return model.logit_scale.exp() * F.normalize(images, dim=-1) @ F.normalize(texts, dim=-1).T
-
-
-def logits_by_hand(model, input_ids, pixel_values):
-    """The towers and projections called one by one, the norms divided out in a loop."""
-    with torch.no_grad():
-        images = model.visual_projection(model.vision_model(pixel_values=pixel_values).pooler_output)
-        texts = model.text_projection(model.text_model(input_ids=input_ids).pooler_output)
-        out = torch.empty(len(images), len(texts))
-        for i, image in enumerate(images):
-            for t, text in enumerate(texts):
-                out[i, t] = torch.dot(image, text) / (image.norm() * text.norm())
-        return out * float(np.exp(model.logit_scale.item()))
-
-
-def cosine_only(model, input_ids, pixel_values):
-    return logits_by_features(model, input_ids, pixel_values) / model.logit_scale.exp()
-
-
-def log_scale(model, input_ids, pixel_values):
-    return logits_by_features(model, input_ids, pixel_values) / model.logit_scale.exp() * model.logit_scale
-
-
-def unnormalised(model, input_ids, pixel_values):
-    images = model.get_image_features(pixel_values=pixel_values).pooler_output
-    texts = model.get_text_features(input_ids=input_ids).pooler_output
-    return model.logit_scale.exp() * images @ texts.T
-
-
-def texts_by_pictures(model, input_ids, pixel_values):
-    return logits_by_features(model, input_ids, pixel_values).T  # logits_per_text
-
-
-def logits_in_numpy(model, input_ids, pixel_values):
-    with torch.no_grad():
-        images = model.get_image_features(pixel_values=pixel_values).pooler_output.numpy()
-        texts = model.get_text_features(input_ids=input_ids).pooler_output.numpy()
-    images /= np.linalg.norm(images, axis=-1, keepdims=True)
-    texts /= np.linalg.norm(texts, axis=-1, keepdims=True)
-    return np.exp(model.logit_scale.item()) * images @ texts.T
-
-
-def the_whole_model(model, input_ids, pixel_values):
-    return model(input_ids=input_ids, pixel_values=pixel_values).logits_per_image  # not the towers apart
-
-
-def unwritten(model, input_ids, pixel_values):
-    raise NotImplementedError
 
 
 CASES = [
@@ -131,6 +89,12 @@ CASES = [
     ("07.1", speedup_printed, False, "read them from the report"),
     ("07.1", speedup_by_position, False, "take decode_tokens_per_s"),
     ("07.1", speedup_at_batch_4, False, "ratio at another batch"),
+    ("07.1", lambda report, batch: round(speedup(report, batch), 1), False, "rounded too far"),
+    ("07.1", lambda report, batch: int(speedup(report, batch)), False, "cut to a whole number"),
+    ("07.1", lambda report, batch: 100 * speedup(report, batch), False, "a percentage"),
+    ("07.1", pct_of_limit_ratio, False, "share of the bandwidth limit"),
+    ("07.1", speed_difference, False, "difference of the two speeds"),
+    ("07.1", ttft_ratio, False, "take decode_tokens_per_s"),
     ("07.1", 5.18, False, "give a function"),
     ("07.1", lambda report, batch: f"{speedup(report, batch):.2f}", False, "return a number"),
     ("07.1", lambda report, batch: None, False, "not attempted yet"),
@@ -141,16 +105,14 @@ CASES = [
     ("07.2", KV // 4, False, "one request's cache"),
     ("07.2", 2 * CHAT.num_hidden_layers * 4 * 2048 * CHAT.num_attention_heads * 2, False, "count K and V"),
     ("07.2", float(KV), False, "whole number"),
-    ("07.3", logits_by_features, True, "correct"),
-    ("07.3", logits_by_hand, True, "correct"),
-    ("07.3", logits_in_numpy, True, "correct"),
-    ("07.3", the_whole_model, False, "called apart"),
-    ("07.3", cosine_only, False, "cosine alone"),
-    ("07.3", log_scale, False, "stored as a logarithm"),
-    ("07.3", unnormalised, False, "normalise each projection"),
-    ("07.3", texts_by_pictures, False, "other way round"),
-    ("07.3", unwritten, False, "not attempted yet"),
-    ("07.3", lambda model, input_ids, pixel_values: None, False, "not attempted yet"),
+    ("07.2", str(KV), False, "whole number"),
+    ("07.2", KV // CHAT.num_hidden_layers, False, "one layer's cache"),
+    ("07.2", KV // (4 * 2048), False, "one token's keys and values"),
+    ("07.2", KV * 8, False, "counts bits"),
+    ("07.2", KV * 3072 // 2048, False, "up to 2048 tokens"),
+    ("07.2", 4, False, "in GiB or GB"),
+    ("07.2", 4_000_000_000, False, "not a rounded one"),
+    ("07.2", 2 * CHAT.num_hidden_layers * 4 * 2048 * 11008 * 2, False, "count K and V"),  # the MLP's width
 ]
 
 

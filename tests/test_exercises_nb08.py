@@ -70,6 +70,21 @@ def empty_vocab_one(rank_hidden_size, tp_size, requests, dtype):
     return table, tasks, torch.ones([1], dtype=torch.int32)
 
 
+def empty_row_per_request(rank_hidden_size, tp_size, requests, dtype):
+    _, tasks, vocab = empty_like_runner(rank_hidden_size, tp_size, requests, dtype)
+    return torch.empty([requests, rank_hidden_size * tp_size], dtype=dtype), tasks, vocab
+
+
+def empty_tasks_int64(rank_hidden_size, tp_size, requests, dtype):
+    table, _, vocab = empty_like_runner(rank_hidden_size, tp_size, requests, dtype)
+    return table, torch.zeros([requests], dtype=torch.int64), vocab
+
+
+def empty_tasks_by_position(rank_hidden_size, tp_size, requests, dtype):
+    table, _, vocab = empty_like_runner(rank_hidden_size, tp_size, requests, dtype)
+    return table, torch.arange(requests, dtype=torch.int32), vocab  # the executor's positions, not the session's 0s
+
+
 def extras_by_name(batch_input_ids, vocab_size, pictures):
     ids = {}
     for names in pictures:
@@ -120,6 +135,18 @@ def extras_on_text(batch_input_ids, vocab_size, pictures):
     return [[e or 9 for e in r] for r in extras_by_name(batch_input_ids, vocab_size, pictures)]
 
 
+def extras_by_letters(batch_input_ids, vocab_size, pictures):
+    """A 'hash' that adds up the name's characters: pictures whose names have the same letters collide."""
+    return [
+        [0 if t < vocab_size else sum(map(ord, names[(t - vocab_size) // 256])) for t in request]
+        for request, names in zip(batch_input_ids, pictures)
+    ]
+
+
+def extras_are_the_fake_ids(batch_input_ids, vocab_size, pictures):
+    return [[t if t >= vocab_size else 0 for t in request] for request in batch_input_ids]
+
+
 def stub(*args):
     raise NotImplementedError
 
@@ -133,6 +160,10 @@ CASES = [
     ("08.1", row_with_prompt_vocab_size, False, "ignores the request's prompt_vocab_size"),
     ("08.1", row_in_own_table, False, "own table"),
     ("08.1", row_off_by_one, False, "off by one"),
+    ("08.1", lambda f, b, p, size, m: b * (size // m) + f, False, "fake_id - vocab_size"),  # vocab_size kept
+    ("08.1", lambda f, b, p, size, m: (b + 1) * (size // m) + f - V, False, "count from 0"),
+    ("08.1", lambda f, b, p, size, m: b * (size / m) + f - V, False, "as an int"),  # / gives a float
+    ("08.1", lambda *a: [row_arithmetic(*a)], False, "as an int"),
     ("08.1", lambda *a: float(row_arithmetic(*a)), False, "as an int"),
     ("08.1", stub, False, "not attempted yet"),
     ("08.2", empty_like_runner, True, "correct"),
@@ -141,6 +172,9 @@ CASES = [
     ("08.2", empty_in_float32, False, "in its dtype"),
     ("08.2", empty_one_task, False, "one task per request"),
     ("08.2", empty_vocab_one, False, "holding 0"),
+    ("08.2", empty_row_per_request, False, "one row of the model's hidden size"),
+    ("08.2", empty_tasks_int64, False, "int32"),
+    ("08.2", empty_tasks_by_position, False, "all 0"),
     ("08.2", lambda *a: None, False, "not attempted yet"),
     ("08.3", extras_by_name, True, "correct"),
     ("08.3", extras_by_sorted_names, True, "correct"),
@@ -150,6 +184,8 @@ CASES = [
     ("08.3", extras_all_ones, False, "share an extra id"),
     ("08.3", extras_from_zero, False, "must be > 0"),
     ("08.3", extras_on_text, False, "text ids keep extra id 0"),
+    ("08.3", extras_by_letters, False, "share an extra id"),
+    ("08.3", extras_are_the_fake_ids, False, "the same picture must carry the same extra id"),
     ("08.3", stub, False, "not attempted yet"),
 ]
 

@@ -110,6 +110,44 @@ def rows_cut_to_fit(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
     return None, out
 
 
+def features_first(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    """Concatenates the features before looking at them: torch.cat([]) fails when there are none."""
+    features = torch.cat(list(mm_embeds))
+    if len(features) == 0:
+        return input_ids, None
+    return fuse_input_embeds(embedding_layer, input_ids, mm_embeds, mm_token_ids)
+
+
+def with_mask(mask_of):
+    """A merge whose multimodal positions are mask_of(embedding_layer, input_ids, mm_token_ids), rows in order."""
+
+    def merge(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+        if len(mm_embeds) == 0:
+            return input_ids, None
+        mask = mask_of(embedding_layer, input_ids, mm_token_ids)
+        out = torch.empty(len(input_ids), embedding_layer.embedding_dim)
+        out[~mask] = embedding_layer(input_ids[~mask].clamp(max=embedding_layer.num_embeddings - 1))
+        out[mask] = torch.cat(list(mm_embeds))
+        return None, out
+
+    return merge
+
+
+def first_picture_only(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    if len(mm_embeds) == 0:
+        return input_ids, None
+    mask = input_ids >= embedding_layer.num_embeddings if mm_token_ids is None else torch.isin(input_ids, mm_token_ids)
+    out = torch.empty(len(input_ids), embedding_layer.embedding_dim)
+    out[~mask] = embedding_layer(input_ids[~mask])
+    out[mask] = mm_embeds[0]  # the other pictures' rows left out
+    return None, out
+
+
+def in_float64(embedding_layer, input_ids, mm_embeds, mm_token_ids=None):
+    kept, out = fuse_input_embeds(embedding_layer, input_ids, mm_embeds, mm_token_ids)
+    return kept, out if out is None else out.double()
+
+
 def stub(embedding_layer, input_ids, mm_embeds, mm_token_ids=None): ...  # your code
 
 
@@ -138,6 +176,11 @@ WRONG = [  # (key, answer, what the hint must say, a number it must not give awa
     ("09.1", empty_features_lose_the_ids, "(input_ids, None)", None),
     ("09.1", scatter_without_count_check, "count mismatch", None),
     ("09.1", rows_cut_to_fit, "count mismatch", None),
+    ("09.1", features_first, "before touching the features", "non-empty"),
+    ("09.1", first_picture_only, "two blocks", "shape mismatch"),
+    ("09.1", with_mask(lambda layer, ids, named: ids == layer.num_embeddings + 1), "not one sentinel", "mismatch"),
+    ("09.1", with_mask(lambda layer, ids, named: ids >= layer.num_embeddings), "mm_token_ids is given", "mismatch"),
+    ("09.1", in_float64, "dtype", None),
     ("09.1", stub, "not attempted yet", None),
     ("09.1", "fuse_input_embeds", "pass your function itself", None),
     ("09.2", 2048, "patches", 512),
@@ -145,6 +188,9 @@ WRONG = [  # (key, answer, what the hint must say, a number it must not give awa
     ("09.2", 514, "<|image_pad|> ids only", 512),
     ("09.2", 256, "Qwen-VL's fixed span", 512),
     ("09.2", 512.0, "whole number", None),
+    ("09.2", 896, "a side in pixels", 512),
+    ("09.2", 32, "one side of the token grid", 512),
+    ("09.2", 16, "one side of the token grid", 512),
     ("09.3", {151652: 1, 151653: 196, 151655: 0}, "<|vision_end|>", 1196),  # the article's reading
     ("09.3", {151652: 1, 151653: 1, 151655: 256}, "Qwen-VL's fixed span", 1196),
     ("09.3", {151652: 1, 151653: 1, 151655: 4784}, "14 × 14 patches", 1196),
@@ -159,6 +205,8 @@ WRONG = [  # (key, answer, what the hint must say, a number it must not give awa
     ("09.4", 15, "grid starts", 38),
     ("09.4", 23, "224 × 224 picture's answer", 38),  # the value the notebook prints for its own picture
     ("09.4", "38", "whole number", None),
+    ("09.4", 299, "not a position", 38),
+    ("09.4", 51, "not added", 38),
 ]
 
 

@@ -1,9 +1,10 @@
 """The two articles' claims, in our words: what is known of each, the one kind of evidence that settles it, and its
-verdict (docs/articles.md's table, notebook 07's verdicts).
+verdict (docs/articles.md's table, notebook 13's verdicts).
 
 Evidence is exactly one of: "measured: …" on code or hardware this project did not write (PyTorch, transformers,
-tiktoken, the CPU or GPU); "source: owner/repo@commit path" for the upstream lines notebook 07 quotes; or "not
-checkable here: …". The package agreeing with itself is a demonstration, never evidence.
+tiktoken, the CPU or GPU); "source: owner/repo@commit path" for the upstream lines notebook 13 or docs/articles.md
+quotes; or "not checkable here: …". The package agreeing with itself is a demonstration, never evidence, and a
+definition (float16 takes 2 bytes) is not a measurement.
 """
 
 import re
@@ -27,7 +28,8 @@ class Claim:
     """One claim of the two articles, in our words: what is known, the evidence that settles it, and its verdict.
 
     `evidence` is exactly one of "measured: …" (on code or hardware this project did not write), "source: owner/repo@
-    commit path[, path][; owner/repo@commit path]" (upstream lines, quoted in notebook 07) or "not checkable here: …".
+    commit path[, path][; owner/repo@commit path]" (upstream lines, quoted in notebook 13 or docs/articles.md) or "not
+    checkable here: …".
     """
 
     id: str  # "C12"
@@ -91,10 +93,13 @@ CLAIMS = (
         1,
         "§2.2",
         "An example sequence [151652, 151653, …, 151848, 13, 456, 789], the patches 151653–151848.",
-        "151652, 151653 and 151655 are Qwen2-VL's vision_start, vision_end and image_pad ids, not Qwen-VL's: its "
-        "<img> is 151857 (config.json's visual.image_start_id) and its fake ids run from 151936.",
-        "measured: transformers' Qwen2VLConfig() defaults (vision_start_token_id 151652, vision_end_token_id 151653, "
-        "image_token_id 151655)",
+        "Not Qwen-VL's ids: its <img> is 151857 (config.json's visual.image_start_id) and its fake ids run from "
+        "151936. Nor Qwen2-VL's numbering: only the first id plays the same part there (151652, vision_start); "
+        "151653, a patch in the article, is Qwen2-VL's vision_end, and Qwen2-VL writes one id, image_pad 151655, at "
+        "every image position, where the article gives each patch its own. The 196 ids 151653–151848 are the "
+        "article's own 224 × 224 example (C1).",
+        "measured: transformers' Qwen2VLConfig() defaults: vision_start_token_id 151652 (the article's first id), "
+        "vision_end_token_id 151653 (a patch in the article), image_token_id 151655",
         "corrected",
     ),
     Claim(
@@ -124,8 +129,9 @@ CLAIMS = (
         1,
         "§4.2",
         "The prompt table is 1.8× faster than traditional methods.",
-        "No method, hardware or measurement is named. Timed like for like (bare PyTorch ops each), the lookup, "
-        "Qwen-VL's overwrite and masked_scatter each take well under 1% of a forward pass.",
+        "No method, hardware or measurement is named. A demonstration on the toy model on a CPU: timed like for "
+        "like (bare PyTorch ops each), the lookup, Qwen-VL's overwrite and masked_scatter each take well under 1% "
+        "of a forward pass.",
         "not checkable here: the article names no method, hardware or measurement",
         "not checkable here",
     ),
@@ -145,9 +151,12 @@ CLAIMS = (
         "§5.2",
         "Batching raises throughput 3–5×.",
         "It depends on the batch and the hardware: a decode step reads every weight once for the whole batch, so "
-        "throughput grows nearly with the batch while decoding is bound by memory bandwidth.",
-        "measured: an NVIDIA H200 decoding Qwen-VL-Chat's shapes (data/benchmarks/h200-qwen-vl-chat-fp16.json): "
-        "1.91×, 3.71× and 6.93× batch 1's throughput at batch 2, 4 and 8",
+        "throughput grows nearly with the batch while decoding is bound by memory bandwidth, and 3–5× is one stretch "
+        "of that curve. The measurement is of this package's own engine, not TensorRT-LLM, whose scaling is not "
+        "measured here.",
+        "measured: an NVIDIA H200 running this package's own engine (not TensorRT-LLM) on Qwen-VL-Chat's shapes with "
+        "random weights in float16 (data/benchmarks/h200-qwen-vl-chat-fp16.json): 1.91×, 3.71× and 6.93× batch 1's "
+        "throughput at batch 2, 4 and 8",
         "partly confirmed",
     ),
     Claim(
@@ -156,7 +165,7 @@ CLAIMS = (
         "§6",
         "Past 500 patches, merging neighbours saves 30% of compute at a 2% loss of accuracy (精度损失2%).",
         "No model, data set or metric is named. Qwen-VL's resampler gives the language model 256 rows per picture "
-        "whatever the picture; notebook 07 pools them 2 × 2 on the toy model as a demonstration.",
+        "whatever the picture; notebook 13 pools them 2 × 2 on the toy model as a demonstration.",
         "not checkable here: no model, data set or metric is named",
         "not checkable here",
     ),
@@ -221,9 +230,11 @@ CLAIMS = (
         "§6.1",
         "The trtllm-build command it gives.",
         "It leaves out --max_prompt_embedding_table_size, whose default 0 builds an engine with no prompt-table "
-        "input, for which the runner then drops the table (_prepare_ptuning returns {}), and --max_seq_len.",
-        f"source: {TRTLLM}@008b2b8d tensorrt_llm/commands/build.py; {TRTLLM}@0243026f "
-        "tensorrt_llm/runtime/model_runner.py",
+        "input, and --max_seq_len. run.py's GenerationSession then puts the table among inputs the engine never asks "
+        "for, so the picture is dropped without an error (the Python ModelRunner's _prepare_ptuning returns {} "
+        "likewise).",
+        f"source: {TRTLLM}@008b2b8d tensorrt_llm/commands/build.py; {TRTLLM}@2340c776 "
+        f"tensorrt_llm/runtime/generation.py; {TRTLLM}@0243026f tensorrt_llm/runtime/model_runner.py",
         "corrected",
     ),
     Claim(
@@ -231,11 +242,13 @@ CLAIMS = (
         2,
         "§6.2",
         "FP16 with loss scaling saves 40% of GPU memory (显存) against FP32.",
-        "Weights, KV cache and activations halve exactly; only fixed costs (libraries, the CUDA context, "
-        "workspaces) make a whole-process figure shrink less. Loss scaling belongs to training.",
-        "measured: resident memory of fresh processes holding the toy model's weights as PyTorch float32 and "
-        "float16 tensors on this CPU",
-        "corrected",
+        "No model, workload or GPU is named, and a whole-GPU figure includes fixed costs (the CUDA context, "
+        "workspaces, a KV cache sized by the build) the article does not give; loss scaling belongs to training. "
+        "What runs here is on a CPU: the toy model's weights take about half the resident memory in float16, the "
+        "whole process far less than half, since its libraries do not shrink (a demonstration of the principle).",
+        "not checkable here: the figure is GPU memory for a model, workload and GPU the article does not name; no "
+        "GPU memory is measured here in both precisions",
+        "not checkable here",
     ),
     Claim(
         "C17",
@@ -262,11 +275,13 @@ CLAIMS = (
         2,
         "§6.2",
         "FP32 / FP16 / INT8: memory high / medium / low, quality best / good / acceptable.",
-        "No INT8 scheme is named. The memory order follows the bytes per number; the quality needs the real model "
-        "and a benchmark (the toy model's weight-only INT8 keeps its answers: a demonstration).",
-        "measured: PyTorch's element sizes of float32, float16 and int8 (4, 2 and 1 bytes) and the bytes of the toy "
-        "model's weights rounded to int8 with one scale per row",
-        "partly confirmed",
+        "No INT8 scheme is named (weight-only, SmoothQuant, an INT8 KV cache). The memory order restates the "
+        "formats' sizes, 4, 2 and 1 bytes a number: a definition, not a measurement; what a model or a process "
+        "saves depends on the scheme, and the quality column needs the real model and a benchmark. The toy model "
+        "keeps its answers with int8-rounded weights: a demonstration.",
+        "not checkable here: no INT8 scheme, model or benchmark is named, and the memory order is the formats' "
+        "definition, not a measurement",
+        "not checkable here",
     ),
     Claim(
         "C20a",

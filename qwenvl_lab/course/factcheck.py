@@ -1,9 +1,10 @@
-"""Fact checks — the articles' claims (`CLAIMS`, docs/articles.md's table) and the measurements notebooks 07 and 08
-settle them with.
+"""Fact checks — the articles' claims (`CLAIMS`, docs/articles.md's table) and the measurements and demonstrations
+notebooks 07, 08 and 13 run.
 
 Each claim records the one kind of evidence that settles it: a measurement on code or hardware this project did not
-write (PyTorch, transformers, the CPU or GPU), the upstream source lines notebook 07 quotes, or "not checkable here".
-A verdict that rests on a measurement is recomputed in notebook 07 and must agree with the recorded one (`settle`).
+write (PyTorch, transformers, the CPU or GPU), the upstream source lines docs/articles.md quotes, or "not checkable
+here". A verdict that rests on a measurement is recomputed in notebook 13 and must agree with the recorded one
+(`settle`).
 
     python -m qwenvl_lab.course.factcheck table                             # docs/articles.md's claims table (Markdown)
     python -m qwenvl_lab.course.factcheck memory float16 data/toy-qwen-vl   # one memory measurement (JSON), a fresh process

@@ -37,9 +37,10 @@ NOTEBOOKS = (
     Notebook("04", "04_prompt_table", "The prompt table", True),
     Notebook("05", "05_building_the_engine", "Building the engine", True),
     Notebook("06", "06_generating_text", "Generating text", True),
-    Notebook("07", "07_performance_and_fact_check", "Performance and fact check", False),
+    Notebook("07", "07_performance", "Performance", False),
     Notebook("08", "08_troubleshooting", "Troubleshooting", False),
     Notebook("09", "09_the_visual_vocabulary_today", "The visual vocabulary today", False),
+    Notebook("13", "13_the_articles_claims", "The articles' claims", False),
 )
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}
 EXERCISES_DIR = Path(__file__).parent / "exercises"

@@ -1,22 +1,17 @@
-"""Exercises of notebook 07 (performance and fact check): a benchmark report's speed-up, the KV cache's size, CLIP's
-logits; and its self-check."""
+"""Exercises of notebook 07 (performance): a benchmark report's speed-up, the KV cache's size; and its self-check."""
 
 import copy
 import json
 
-import numpy as np
 import torch
 
 from ...checks.values import is_number
-from ...clip import small_clip, what_clip_does
 from ...modeling import QWenVLConfig
 from ...resources import data_dir
-from ..claims import CLAIMS
 from . import exercise
 from .nb03 import NOT_ATTEMPTED, whole_number
 from .selfcheck import Question, right, wrong
 
-CLIP_SEEDS = (1, 2)  # exercise 07.3: the random CLIPs a learner's function is checked on
 REPORTS = ("h200-qwen-vl-chat-fp16.json", "cpu-toy-fp32.json")  # exercise 07.1: the committed benchmark runs
 
 
@@ -55,11 +50,23 @@ def _close(value: float, expected: float) -> bool:
 
 def _speedup_hint(value: float, report: dict, batch: int, h200: bool) -> str | None:
     """None when `value` is the engine's decode speed over eager's at `batch` in `report`; else what it is instead."""
-    expected = _speed(report, "engine", batch) / _speed(report, "eager", batch)
+    engine, eager = _speed(report, "engine", batch), _speed(report, "eager", batch)
+    expected = engine / eager
     if _close(value, expected):
         return None
     if _close(value, 1 / expected):
         return "that is eager over the engine: divide the other way round"
+    if _close(value, 100 * expected):
+        return "that is a percentage: return the ratio itself (2.5, not 250)"
+    if _close(value, engine - eager):
+        return "that is the difference of the two speeds: divide one by the other"
+    if value == int(expected):
+        return "that is the ratio cut to a whole number: return it as it comes out of the division"
+    if abs(value - expected) <= 0.05:
+        return "close, but rounded too far: return the ratio unrounded, or to two decimals"
+    pct = _speed(report, "engine", batch, "pct_of_limit") / _speed(report, "eager", batch, "pct_of_limit")
+    if _close(value, pct):
+        return "pct_of_limit is each method's share of the bandwidth limit: take decode_tokens_per_s"
     if _close(value, _speed(report, "engine", batch) / _speed(report, "engine", 1)):
         return "that compares the engine with itself at batch 1: compare it with eager, at the same batch"
     if _close(value, _speed(report, "eager", batch, "total_ms") / _speed(report, "engine", batch, "total_ms")):
@@ -107,153 +114,91 @@ def kv_cache_bytes(answer):
     if answer is None:
         return "give a whole number of bytes (an int)"
     values = 2 * config.num_hidden_layers * 4 * 2048 * config.hidden_size  # K and V of every layer, request, token
-    if answer == values:  # K or V alone in float16, or both at one byte a number
-        return "that is half of it: keys and values both, at 2 bytes a float16 number"
-    if answer == 2 * values * 2:
-        return "that is float32's size: float16 takes 2 bytes a number"
-    if answer == 2 * values // 4:
-        return "that is one request's cache: the question asks for 4"
-    if answer != 2 * values:
-        return "count K and V, for every layer, every request and every token, hidden_size numbers each, 2 bytes each"
-    return None
-
-
-class WholeModelCalled(Exception):
-    """Exercise 07.3's learner called CLIPModel itself, which returns logits_per_image ready-made."""
-
-
-def _towers_only(*args, **kwargs):
-    """CLIPModel.forward while exercise 07.3's function runs: it refuses."""
-    raise WholeModelCalled
-
-
-def _clip_hint(result, model, input_ids, pixel_values) -> str | None:
-    """None when `result` is CLIPModel's logits_per_image for these inputs, else what it looks like instead."""
-    if isinstance(result, np.ndarray) and np.issubdtype(result.dtype, np.floating):
-        result = torch.from_numpy(result)
-    if not isinstance(result, torch.Tensor):
-        return f"return a torch.Tensor [pictures, texts], got {type(result).__name__}"
-    with torch.inference_mode():
-        out = model(input_ids=input_ids, pixel_values=pixel_values)
-        images = model.get_image_features(pixel_values=pixel_values).pooler_output  # [N, P]
-        texts = model.get_text_features(input_ids=input_ids).pooler_output  # [T, P]
-        expected, log_scale = out.logits_per_image, model.logit_scale.detach().clone()  # [N, T]
-        cosine = out.image_embeds @ out.text_embeds.T  # the embeds come normalised
-        unnormalised = log_scale.exp() * images @ texts.T
-    result = result.detach().float()
-    if result.shape == expected.T.shape and result.shape != expected.shape:
-        return "rows are pictures and columns texts: this has them the other way round"
-    if result.shape != expected.shape:
-        return f"expected one logit per picture and text, a [{expected.shape[0]}, {expected.shape[1]}] tensor"
-    if torch.allclose(result, cosine, atol=1e-4):
-        return "that is the cosine alone: CLIP multiplies it by its learned temperature, logit_scale"
-    if torch.allclose(result, log_scale * cosine, atol=1e-4):
-        return "logit_scale is stored as a logarithm: multiply by its exp()"
-    if torch.allclose(result, unnormalised, atol=1e-3):
-        return "normalise each projection to length 1 before the dot product"
-    if not torch.allclose(result, expected, atol=1e-4):
-        return "each logit is scale × the cosine of one picture's and one text's projection, from the two towers apart"
-    return None
-
-
-@exercise("07.3", "CLIP's logits_per_image from its two towers, computed apart")
-def clip_logits(function):
-    """function(model, input_ids, pixel_values) -> [pictures, texts], equal to CLIPModel's logits_per_image."""
-    if not callable(function):
-        return "give a function (model, input_ids, pixel_values) -> logits [pictures, texts]"
-    for seed in CLIP_SEEDS:
-        clip = small_clip(seed, texts=3, images=2)
-        clip.model.forward = _towers_only  # the towers' own methods work; calling the whole model does not
-        try:
-            result = function(clip.model, clip.input_ids.clone(), clip.pixel_values.clone())
-        except NotImplementedError:
-            return NOT_ATTEMPTED
-        except WholeModelCalled:
-            return (
-                "calling the model itself hands you logits_per_image ready-made: compute them from "
-                "get_image_features and get_text_features, called apart"
-            )
-        finally:
-            del clip.model.forward
-        if result is None:
-            return NOT_ATTEMPTED
-        hint = _clip_hint(result, clip.model, clip.input_ids, clip.pixel_values)
-        if hint is not None:
-            return hint
-    return None
+    expected = 2 * values  # 2 bytes a float16 number
+    if answer == expected:
+        return None
+    wrong_counts = {
+        values: "that is half of it: keys and values both, at 2 bytes a float16 number",  # K or V alone, or 1 byte
+        2 * expected: "that is float32's size: float16 takes 2 bytes a number",
+        expected // 4: "that is one request's cache: the question asks for 4",
+        expected // config.num_hidden_layers: "that is one layer's cache: every layer keeps its own keys and values",
+        expected // (4 * 2048): "that is one token's keys and values: count every token of every request",
+        expected * 8: "that counts bits: a byte is 8 of them",
+        expected * 3072 // 2048: "the requests hold up to 2048 tokens, prompt and answer together",
+    }
+    if answer in wrong_counts:
+        return wrong_counts[answer]
+    if answer in (expected // 2**30, expected // 10**9, round(expected / 10**9)):
+        return "that is in GiB or GB: give the number of bytes"
+    if abs(answer - expected) <= expected // 10:
+        return "near, but not exact: give the exact number of bytes, not a rounded one"
+    return "count K and V, for every layer, every request and every token, hidden_size numbers each, 2 bytes each"
 
 
 def SELF_CHECK():
-    """Notebook 07's self-check: the right options computed from the records and the measurements where they can be."""
-    seen = what_clip_does(0)
-    apart = seen["text ignores the picture"] and seen["picture ignores the text"]
+    """Notebook 07's self-check: the right options computed from the committed H200 report."""
+    report = _report(REPORTS[0])
+    at_8 = _speed(report, "engine", 8) / _speed(report, "engine", 1)
     return (
         Question(
-            "Which of these is evidence, in this course's sense, for a claim about TensorRT-LLM?",
+            f"On the H200 the engine decodes {at_8:.1f}× as many tokens per second at batch 8 as at batch 1. Why so "
+            "close to 8×?",
             (
-                wrong(
-                    "this package's engine refuses a 768-row table when built for 512 rows",
-                    "this package refusing its own input is a demonstration of the rule, never evidence for TensorRT-LLM",
-                ),
                 right(
-                    "run.py's lines, quoted with repository, path and commit",
-                    f"upstream source, like the {sum(c.kind == 'source' for c in CLAIMS)} claims settled that way",
+                    "a decode step reads every weight once for the whole batch, and reading the weights takes the time",
+                    "while decoding is bound by memory bandwidth, 8 requests cost about what one costs",
                 ),
                 wrong(
-                    "a second article that gives the same figure",
-                    "an article repeating a figure is not its source: 1.8× and 92% stay not checkable",
+                    "the 8 requests share one prompt table",
+                    "each request brings its own rows, a few MB against 14 GB of weights read every step",
                 ),
                 wrong(
-                    "the notebook printing 'confirmed'",
-                    "a printed verdict is only as good as the measurement or the lines it was settled by",
+                    "CUDA graphs are used only from batch 8 on",
+                    "the engine replays a step as a CUDA graph at every batch size in the report",
                 ),
             ),
         ),
         Question(
-            "What does transformers' CLIPModel compute from texts and pictures?",
+            "What sets the bandwidth limit of a decode step?",
             (
-                wrong(
-                    "one sequence of text tokens and patches through one transformer",
-                    "that is 'concatenate, then process'; measured, each tower ignores the other's input",
-                ),
+                wrong("the number of requests in the batch", "the weights are read once for the whole batch"),
                 right(
-                    "two pooled projections, computed apart, and the scaled cosine between them",
-                    f"measured: the towers apart ({apart}) and logits = scale × cosine "
-                    f"({seen['logits = scale × cosine']})",
+                    "the bytes of weights a step reads over the GPU's memory bandwidth",
+                    f"{report['model']['weight_bytes_per_token'] / 1e9:.1f} GB at {report['bandwidth']['gb_per_s']:.0f} "
+                    "GB/s in the committed run",
                 ),
                 wrong(
-                    "text embeddings in which the picture's patch features replace some tokens",
-                    "that is the prompt table's way (Qwen-VL), not CLIP's",
-                ),
-                wrong(
-                    "the text tower reads the patches through cross-attention",
-                    "no layer of CLIP sees both inputs: the text embeddings are identical whatever the picture",
+                    "the answer's length",
+                    "that sets how many steps there are, not how short a step can be",
                 ),
             ),
         ),
         Question(
-            "What is run.py's infer_time, the second value generate_for_qwenvl returns?",
+            "The engine's first token comes no sooner than eager's. Why?",
             (
-                wrong("the time of one decode step", "it times whole generations, setup included"),
-                wrong("the time to the first token", "it stops the clock after the last decode step"),
-                right("the mean of 10 whole generations of the same answer", "run_time = 10, divided out at the end"),
-                wrong("the vision engine's time", "vit_process times the vision engine apart, also over 10 runs"),
+                right(
+                    "its prefill is plain PyTorch; its CUDA graphs and Triton kernels cover decoding",
+                    "the time to the first token is the prefill's",
+                ),
+                wrong(
+                    "it runs the vision tower first",
+                    "both methods receive the same prompt table, made before the clock starts",
+                ),
+                wrong(
+                    "it decodes more slowly than eager",
+                    "its decode tokens/s are several times eager's in the same report",
+                ),
             ),
         ),
         Question(
-            "Which key of Qwen-VL-Chat's config.json gives the id of </img>?",
+            "Why is the engine's peak memory higher than eager's?",
             (
-                wrong("visual.image_end_id", "config.json has no such key: C12 is only partly confirmed"),
+                wrong("it keeps a second copy of the weights", "it reads the same weights in place"),
                 right(
-                    f"none: </img> is visual.image_start_id + 1 = {recorded_start() + 1}",
-                    "modeling_qwen.py and run.py both compute it as image_start_id + 1",
+                    "it allocates its KV cache for the build limits up front",
+                    "max_batch_size × max_seq_len, whatever the requests need",
                 ),
-                wrong("image_end_id, beside vocab_size", "the only image id in config.json is visual.image_start_id"),
+                wrong("its prompt table holds every picture it has seen", "each request's table is used and dropped"),
             ),
         ),
     )
-
-
-def recorded_start() -> int:
-    """Qwen-VL-Chat's visual.image_start_id, as this package's copy of its config.json holds it."""
-    return QWenVLConfig().visual["image_start_id"]

@@ -54,6 +54,10 @@ def executor_row(function):
             return "that is the row in the request's own table: the runtime copies it to its block in one big table"
         if abs(row - (batch_index * block + offset)) == 1:
             return "off by one: a request's first fake id is vocab_size and reads the first row of its block"
+        if row == batch_index * block + fake_id:
+            return "a fake id counts from vocab_size: its offset in the request's table is fake_id - vocab_size"
+        if row == (batch_index + 1) * block + offset:
+            return "positions in the step's batch count from 0: the first request's block starts at row 0"
         return "a block per request of the step's batch, as large as the build allows; the fake id's offset inside it"
     return None
 
@@ -103,6 +107,7 @@ def _extra_ids_cases():
         ([request(1), request(1), request(2)], [["red.png"], ["blue.png"], ["red.png", "blue.png"]]),
         ([request(1), request(1)], [["cat.jpg"], ["cat.jpg"]]),
         ([request(2)], [["a.png", "b.png"]]),
+        ([request(1), request(1)], [["ab.png"], ["ba.png"]]),  # the same letters: a sum of characters collides
     )
 
 

@@ -61,6 +61,28 @@ def fuse_cases():
     ]
 
 
+FUSE_FAILURES = {  # a case's name → what a function that raises on it has missed (never the function's own message)
+    "one request": (
+        "your function raised an error on one request with the sentinel vocab_size + 1 at its image positions: mark "
+        "the positions whose id has no row in the embedding layer, and write the feature rows there in order"
+    ),
+    "two requests packed": (
+        "your function raised an error on two packed requests whose image positions hold fake ids vocab_size, "
+        "vocab_size + 1, … (not one sentinel) and whose features come as two blocks: every id >= vocab_size is "
+        "multimodal, and the blocks go in one after the other (torch.cat(mm_embeds))"
+    ),
+    "in-vocabulary placeholders": (
+        "your function raised an error when mm_token_ids is given (a tensor of ids the vocabulary has): the image "
+        "positions are then the ids found in mm_token_ids (torch.isin), and only the other positions are embedded"
+    ),
+}
+
+
+def fuse_failure(name: str) -> str:
+    """What a function that raised on the fuse case `name` has missed."""
+    return next(hint for start, hint in FUSE_FAILURES.items() if name.startswith(start))
+
+
 def fuse_hint(case, result) -> str | None:
     """None when `result` is what the package's fuse_input_embeds returns on `case`; else what is wrong."""
     name, layer, ids, mm_embeds, mm_token_ids = case
@@ -72,6 +94,8 @@ def fuse_hint(case, result) -> str | None:
         return f"with features to fuse, return (None, input_embeds [T, H]) ({name})"
     if tuple(embeds.shape) != tuple(expected.shape):
         return f"input_embeds must hold one vector per id, [T, H] = {tuple(expected.shape)} ({name})"
+    if embeds.dtype != expected.dtype:
+        return f"input_embeds go on to the language model in the embedding layer's dtype, {expected.dtype} ({name})"
     image = torch.isin(ids, mm_token_ids) if mm_token_ids is not None else ids >= V
     if not torch.equal(embeds[~image], expected[~image]):
         return f"text positions take their row of the embedding layer ({name})"
@@ -109,6 +133,8 @@ def check_fuse_input_embeds(my_fuse):
                 f"an id the embedding layer has no row for reached it ({name}): embed only the text positions, and "
                 "remember that the id vocab_size itself is already out of the vocabulary"
             )
+        except Exception:  # any error: named by the case it met, never by its own message
+            return fuse_failure(name)
         if result is None:
             return NOT_ATTEMPTED
         if not torch.equal(given, ids):
@@ -117,7 +143,10 @@ def check_fuse_input_embeds(my_fuse):
         if hint is not None:
             return hint
     layer, ids = fuse_cases()[0][1], torch.tensor([1, 2])
-    result = my_fuse(layer, ids.clone(), [], None)
+    try:
+        result = my_fuse(layer, ids.clone(), [], None)
+    except Exception:  # torch.cat([]) and the like: the empty case was not handled first
+        result = None
     if (
         not isinstance(result, (tuple, list))
         or len(result) != 2
@@ -125,7 +154,10 @@ def check_fuse_input_embeds(my_fuse):
         or not isinstance(result[0], torch.Tensor)
         or not torch.equal(result[0], ids)
     ):
-        return "with no features (mm_embeds empty) return (input_ids, None): the ids go on to the embedding layer"
+        return (
+            "with no features (mm_embeds empty) return (input_ids, None), before touching the features: the ids go "
+            "on to the embedding layer"
+        )
     name, layer, ids, mm_embeds, mm_token_ids = fuse_cases()[0]
     try:
         my_fuse(layer, ids.clone(), [torch.cat([mm_embeds[0], mm_embeds[0][:1]])], mm_token_ids)
@@ -156,6 +188,9 @@ def check_picture_tokens(answer):
             tokens * 2: "merge_size is 2 in each direction: 2 × 2 patches make one token",
             tokens + 2: "count the <|image_pad|> ids only, not <|vision_start|> and <|vision_end|>",
             256: "256 is Qwen-VL's fixed span; Qwen2-VL's follows the picture's size",
+            PICTURE_SIZE[0]: "that is a side in pixels: count the tokens of the whole grid",
+            PICTURE_SIZE[0] // 28: "that is one side of the token grid: a token for every row and column of it",
+            PICTURE_SIZE[1] // 28: "that is one side of the token grid: a token for every row and column of it",
         },
     )
 
@@ -240,6 +275,8 @@ def check_vision_end_position(answer):
             first + min(h, w) // 2: "the text resumes after the longer side of the tokens' grid, not the shorter",
             first: "that is where the picture's grid starts; the text resumes after it",
             first + 8: "that is the 224 × 224 picture's answer (an 8 × 8 grid); this picture's grid is another",
+            tokens: "that is how many image tokens there are, not a position",
+            first + h // 2 + w // 2: "the rows and columns are not added: the text resumes after the longer side",
         },
     )
 
@@ -272,14 +309,19 @@ def SELF_CHECK():
             ),
         ),
         Question(
-            "Which model's numbering does article 1's example sequence `[151652, 151653, …]` follow?",
+            "Whose numbering does article 1's example sequence `[151652, 151653, 151654, 151655, …, 151848]` follow?",
             (
-                right(
+                wrong(
                     "Qwen2-VL's: 151652 is its `vision_start_token_id`",
-                    f"Qwen2VLConfig: vision_start_token_id {config.vision_start_token_id}",
+                    f"the first id is ({config.vision_start_token_id}), but in Qwen2-VL the next one closes a picture, "
+                    "where the article reads a patch",
                 ),
                 wrong("Qwen-VL's: 151652 is `<img>`", "Qwen-VL's <img> is 151857; 151652 is its unused <|extra_6|>"),
-                wrong("neither: they are fake ids from 151643", "fake ids start at the model's vocab_size, 151936"),
+                right(
+                    "neither: only its first id plays the same part in Qwen2-VL",
+                    "Qwen2-VL marks every image position with one id; the article gives each patch its own",
+                ),
+                wrong("fake ids counted from 151643", "fake ids start at the model's vocab_size, 151936"),
             ),
         ),
         Question(
