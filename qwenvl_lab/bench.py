@@ -2,6 +2,7 @@
 
     python -m qwenvl_lab.bench --model toy --device cpu --batch 1 2 4 8 --new-tokens 32 --json toy-cpu.json
     python -m qwenvl_lab.bench --model qwen-vl-chat --device cuda --dtype float16 --json data/benchmarks/h200.json
+    python -m qwenvl_lab.bench --model toy --kv-cache-reuse --json data/benchmarks/kv_cache_reuse/cpu-toy-fp32.json
 
 Both sides get the same prompts (chat layout, one picture each as fake ids + a prompt table) and generate greedily
 without stopping. The vision tower is not timed: the pictures' features are computed once (random at Qwen-VL-Chat
@@ -13,7 +14,7 @@ the fastest single product, a peak that a run of steps does not sustain on a sha
 CPU peak memory is the resident set above what the process held before that side's weights were loaded; CUDA peak
 memory is allocated memory. The engine's decode step is also timed with its matrix products alone (batch 1, as the
 engine runs them, nothing between them, timed the same way): how close to the limit its design could get without
-its other work.
+its other work. `--kv-cache-reuse` measures instead what KV-cache block reuse gains where it is right (`reuse_gain`).
 """
 
 import argparse
@@ -47,6 +48,7 @@ from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAG
 from .toy import TOY_DIR
 
 MODELS = ("toy", "tiny", "qwen-vl-chat")
+MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL's positions
 IMAGES_DIR = images_dir()
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 
@@ -99,12 +101,33 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="instead: time loading --model's engine directory with verify='none', 'quick' and 'full', the checksum "
         "throughput, and what that makes for a full-size Qwen-VL-Chat engine",
     )
+    parser.add_argument(
+        "--kv-cache-reuse",
+        action="store_true",
+        help="instead: time to first token and prefill ids computed without and with KV-cache block reuse, in a "
+        "chat about one picture (--turns, answers of --new-tokens) and for batches of questions about one picture "
+        "(--batch)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=4,
+        help="turns of the --kv-cache-reuse chat, each re-sending the history (default 4)",
+    )
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if not 2 <= args.turns <= MAX_TURNS:
+        parser.error(f"--turns must be a whole number in [2, {MAX_TURNS}], got {args.turns}")
+    positions = QWenVLConfig().max_position_embeddings
+    if args.kv_cache_reuse and chat_length(args.turns, args.new_tokens) > positions:
+        parser.error(
+            f"--turns {args.turns} with --new-tokens {args.new_tokens} make a chat of "
+            f"{chat_length(args.turns, args.new_tokens)} ids, past Qwen-VL's {positions} positions: ask for fewer"
+        )
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -664,6 +687,228 @@ def measure_all(
     }
 
 
+SYSTEM_IDS, HEADER_IDS, QUESTION_IDS = 20, 4, 12  # random text ids: the system turn, a user turn's start, a question
+
+
+def random_text(generator, n: int) -> torch.Tensor:
+    """n random text ids [n] (the speed does not depend on them)."""
+    return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
+
+
+def chat_pieces(vocab_size: int, questions: int, seed: int):
+    """(system turn [S], user-turn start [4], questions): each question a user turn's end then the assistant's start,
+    the first `questions` of them after the picture (a span of fake ids from vocab_size), the rest text only."""
+    generator = torch.Generator().manual_seed(seed)
+    newline = torch.tensor([NEWLINE_ID])
+    system = torch.cat(
+        [torch.tensor([IM_START_ID]), random_text(generator, SYSTEM_IDS), torch.tensor([IM_END_ID]), newline]
+    )
+    header = torch.cat([torch.tensor([IM_START_ID]), random_text(generator, HEADER_IDS - 1)])
+    picture = torch.cat(
+        [
+            torch.tensor([IMAGE_START_ID]),
+            torch.arange(vocab_size, vocab_size + IMG_TOKEN_SPAN),
+            torch.tensor([IMAGE_END_ID]),
+        ]
+    )
+
+    def question(with_picture: bool):
+        end = [torch.tensor([IM_END_ID]), newline, torch.tensor([IM_START_ID]), random_text(generator, 2), newline]
+        return torch.cat([*([picture, newline] if with_picture else []), random_text(generator, QUESTION_IDS), *end])
+
+    return system, header, question
+
+
+def chat_length(turns: int, new_tokens: int) -> int:
+    """Ids of the last prompt of a --kv-cache-reuse chat, and its answer."""
+    first = SYSTEM_IDS + 3 + HEADER_IDS + IMG_TOKEN_SPAN + 3 + QUESTION_IDS + 6
+    later = 2 + HEADER_IDS + QUESTION_IDS + 6  # <|im_end|>\n after an answer, then the next user turn
+    return first + (turns - 1) * (new_tokens + later) + new_tokens
+
+
+def first_token(runner, prompts, table, new_tokens: int, device: torch.device) -> tuple[float, list]:
+    """(seconds to the first token of a streaming generation, each request's answer): the prompts share one picture,
+    table [256, H], named "picture" in multimodal_hashes (as a client names it); the answer is generated untimed."""
+    synchronize(device)
+    start = time.perf_counter()
+    stream = runner.generate(
+        prompts,
+        prompt_table=table,
+        prompt_tasks=",".join("0" * len(prompts)),
+        task_vocab_size=IMG_TOKEN_SPAN,
+        max_new_tokens=new_tokens,
+        end_id=-1,
+        pad_id=ENDOFTEXT_ID,
+        multimodal_hashes=[["picture"]] * len(prompts),
+        streaming=True,
+        return_dict=True,
+    )
+    outputs = next(stream)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    for outputs in stream:  # noqa: B007 — the last outputs hold the answers
+        pass
+    return seconds, [outputs["output_ids"][r, 0, len(ids) :].tolist() for r, ids in enumerate(prompts)]
+
+
+def reuse_chat(runner, table, args, device: torch.device) -> dict:
+    """A chat of --turns questions about one picture, every turn re-sending the history (system, the earlier
+    questions and answers): each turn's time to first token (best of --repeats) and prefill ids, without block reuse
+    and then with it, the chat replayed from an empty pool each time."""
+    system, header, question = chat_pieces(runner.vocab_size, 1, args.seed)
+    end_of_answer = torch.tensor([IM_END_ID, NEWLINE_ID])
+    prompts, answers, turns, history = [], [], [], system
+    runner.kv_cache_reuse = False
+    for k in range(args.turns):
+        prompt = torch.cat([history, header, question(k == 0)])
+        runs = [first_token(runner, [prompt], table, args.new_tokens, device) for _ in range(args.repeats)]
+        prompts.append(prompt)
+        answers.append(runs[0][1][0])
+        turns.append(
+            {
+                "turn": k + 1,
+                "prompt_ids": len(prompt),
+                "ttft_ms_without": min(seconds for seconds, _ in runs) * 1e3,
+                "computed_ids_without": runner.last_prefill.computed_ids[0],
+            }
+        )
+        history = torch.cat([prompt, torch.tensor(answers[-1]), end_of_answer])
+    runner.kv_cache_reuse = True
+    best, same = [float("inf")] * args.turns, True
+    for _ in range(args.repeats):
+        runner.kv_pool.clear()
+        for k, prompt in enumerate(prompts):
+            seconds, [answer] = first_token(runner, [prompt], table, args.new_tokens, device)
+            best[k], same = min(best[k], seconds), same and answer == answers[k]
+            turns[k].update(
+                reused_ids=runner.last_prefill.reused_ids[0], computed_ids_with=runner.last_prefill.computed_ids[0]
+            )
+    for turn, seconds in zip(turns, best):
+        turn.update(ttft_ms_with=seconds * 1e3, ttft_ratio=turn["ttft_ms_without"] / (seconds * 1e3))
+    later = turns[1:]
+    return {
+        "turns": turns,
+        "ttft_ratio_turns_2_plus": sum(t["ttft_ms_without"] for t in later) / sum(t["ttft_ms_with"] for t in later),
+        "computed_ids_turns_2_plus": {
+            "without": sum(t["computed_ids_without"] for t in later),
+            "with": sum(t["computed_ids_with"] for t in later),
+        },
+        "same_answers_with_and_without": same,
+    }
+
+
+def reuse_batch(runner, table, batch: int, args, device: torch.device) -> dict:
+    """A batch of `batch` different questions about one picture, after one question about it was answered: time to
+    first token of the batch (best of --repeats) and prefill ids, without block reuse and then with it (the first
+    question answered again from an empty pool before each run)."""
+    system, header, question = chat_pieces(runner.vocab_size, batch + 1, args.seed)
+    first, *prompts = [torch.cat([system, header, question(True)]) for _ in range(batch + 1)]
+    runner.kv_cache_reuse = False
+    without = min(first_token(runner, prompts, table, 1, device)[0] for _ in range(args.repeats))
+    computed_without = sum(runner.last_prefill.computed_ids)
+    runner.kv_cache_reuse = True
+    best = float("inf")
+    for _ in range(args.repeats):
+        runner.kv_pool.clear()
+        first_token(runner, [first], table, args.new_tokens, device)
+        best = min(best, first_token(runner, prompts, table, 1, device)[0])
+    stats = runner.last_prefill
+    return {
+        "batch": batch,
+        "prompt_ids": list(stats.input_ids),
+        "ttft_ms_without": without * 1e3,
+        "ttft_ms_with": best * 1e3,
+        "ttft_ratio": without / best,
+        "computed_ids_without": computed_without,
+        "reused_ids": sum(stats.reused_ids),
+        "computed_ids_with": sum(stats.computed_ids),
+    }
+
+
+def reuse_gain(args: argparse.Namespace) -> dict:
+    """What KV-cache block reuse gains where it is right: a chat about one picture and batches of questions about one
+    picture, each without reuse and with it (mm_hash keys), on one runner (its pool switched off and on)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device, dtype = torch.device(args.device), to_torch_dtype(args.dtype)
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        model, checkpoint = load_model(args, device, dtype, Path(workdir))
+    table = picture_features(model, 1, real=checkpoint is not None)[0]  # [256, H]
+    longest = chat_length(args.turns, args.new_tokens)
+    build_config = BuildConfig(
+        max_batch_size=max(args.batch),
+        max_input_len=-(-(longest - args.new_tokens) // KV_BUCKET) * KV_BUCKET,
+        max_seq_len=-(-longest // KV_BUCKET) * KV_BUCKET,
+        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * max(args.batch),
+        dtype=args.dtype,
+    )
+    runner = ModelRunner.from_model(
+        model, build_config, device, args.backend, args.cuda_graphs, kv_cache_reuse=True, kv_cache_key="mm_hash"
+    )
+    del model
+    release_memory(device)
+    runner.warm_up(progress=False)
+    chat = reuse_chat(runner, table, args, device)
+    batches = [reuse_batch(runner, table, b, args, device) for b in sorted(set(args.batch))]
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "hardware": hardware(device),
+        "model": {
+            "name": args.model if args.checkpoint is None else str(args.checkpoint),
+            "hidden_size": runner.hidden_size,
+            "layers": runner.pretrained_config["num_hidden_layers"],
+            "dtype": args.dtype,
+        },
+        "settings": {
+            "device": str(device),
+            "turns": args.turns,
+            "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "build_config": asdict(build_config),
+            "backend": runner.backend,
+            "cuda_graphs": runner.cuda_graphs,
+            "kv_cache_key": runner.kv_cache_key,
+            "kv_block_size": runner.kv_block_size,
+            "kv_pool_blocks": runner.kv_pool.capacity,
+            "kv_pool_bytes": runner.kv_pool.nbytes,
+        },
+        "chat": chat,
+        "same_picture_batch": batches,
+    }
+
+
+def format_reuse(report: dict) -> str:
+    """A --kv-cache-reuse report as a fixed-width text table."""
+    settings = report["settings"]
+    lines = [
+        f"{report['model']['name']} ({report['model']['dtype']}) on {report['hardware'].get('gpu', report['hardware']['cpu'])}: "
+        f"KV-cache block reuse, blocks of {settings['kv_block_size']} ids, a pool of {settings['kv_pool_blocks']} blocks "
+        f"({settings['kv_pool_bytes'] / 2**20:.1f} MiB), keys {settings['kv_cache_key']!r}",
+        f"{'chat turn':<10} {'prompt ids':>10} {'computed without':>16} {'computed with':>13} {'TTFT ms without':>15} "
+        f"{'TTFT ms with':>12} {'ratio':>6}",
+    ]
+    for t in report["chat"]["turns"]:
+        lines.append(
+            f"{t['turn']:<10} {t['prompt_ids']:>10} {t['computed_ids_without']:>16} {t['computed_ids_with']:>13} "
+            f"{t['ttft_ms_without']:>15.1f} {t['ttft_ms_with']:>12.1f} {t['ttft_ratio']:>6.2f}"
+        )
+    chat = report["chat"]
+    lines.append(
+        f"turns 2+: time to first token {chat['ttft_ratio_turns_2_plus']:.2f}x faster with reuse; the same answers "
+        f"with and without: {chat['same_answers_with_and_without']}"
+    )
+    lines.append(
+        f"{'batch':<10} {'prompt ids':>10} {'computed without':>16} {'computed with':>13} {'TTFT ms without':>15} {'TTFT ms with':>12} {'ratio':>6}"
+    )
+    for b in report["same_picture_batch"]:
+        lines.append(
+            f"{b['batch']:<10} {sum(b['prompt_ids']):>10} {b['computed_ids_without']:>16} {b['computed_ids_with']:>13} "
+            f"{b['ttft_ms_without']:>15.1f} {b['ttft_ms_with']:>12.1f} {b['ttft_ratio']:>6.2f}"
+        )
+    return "\n".join(lines)
+
+
 def format_table(report: dict) -> str:
     """The results as a fixed-width text table with the limit above it."""
     bw = report["bandwidth"]
@@ -707,6 +952,13 @@ def main(argv=None) -> dict:
     if args.integrity:
         report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
         print(json.dumps(report, indent=2))
+        return report
+    if args.kv_cache_reuse:
+        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **reuse_gain(args)}
+        print(format_reuse(report))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         return report
     try:
         results = run_benchmark(args, argv)
