@@ -379,12 +379,16 @@ def test_fake_id_runs_are_the_pictures():
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_on_a_gpu_the_bug_and_each_fix_in_cuda_graphs(toy, reference, backend):
+def test_on_a_gpu_the_bug_and_each_fix_in_cuda_graphs(toy, backend):
     """The toy engine on CUDA, float32, in CUDA graphs: ids alone give blue red's answer; each fix gives each picture's
-    answer; reuse on and off the same chat tokens."""
+    answer without reuse; reuse on and off give the same chat."""
     model = load_course_model(TOY_DIR, device="cuda")
     toy_gpu = (model, model.transformer.visual, toy[2])
-    options = dict(device="cuda", backend=backend, cuda_graphs=True, kv_cache_reuse=True, kv_block_size=BLOCK)
+    graphs = dict(device="cuda", backend=backend, cuda_graphs=True)
+    plain = ModelRunner.from_model(model, BUILD, **graphs)
+    reference = dict(zip((RED, BLUE, YELLOW), ask(plain, toy_gpu, [RED, BLUE, YELLOW])))
+    assert reference[RED] != reference[BLUE]
+    options = dict(graphs, kv_cache_reuse=True, kv_block_size=BLOCK)
     runner = ModelRunner.from_model(model, BUILD, kv_cache_key="ids", **options)
     with pytest.warns(UserWarning, match="keyed by ids alone"):
         assert ask(runner, toy_gpu, [RED]) + ask(runner, toy_gpu, [BLUE]) == [reference[RED]] * 2
@@ -393,8 +397,8 @@ def test_on_a_gpu_the_bug_and_each_fix_in_cuda_graphs(toy, reference, backend):
         for pictures in CALLS:
             answers = ask(runner, toy_gpu, pictures, **given(runner, toy_gpu, pictures))
             assert answers == [reference[p] for p in pictures], fix
-    plain = ModelRunner.from_model(model, BUILD, device="cuda", backend=backend, cuda_graphs=True)
-    talks = [Conversation(r, model.transformer.visual, toy[2], settings=GenerationSettings(max_new_tokens=16)) for r in (plain, runner)]  # fmt: skip
+    settings = GenerationSettings(max_new_tokens=16)
+    talks = [Conversation(r, model.transformer.visual, toy[2], settings=settings) for r in (plain, runner)]
     for question, pictures in [("What is in the picture?", [RED]), ("How many shapes are there?", []), ("And this one?", [BLUE])]:  # fmt: skip
         assert talks[1].ask(question, pictures) == talks[0].ask(question, pictures)
     assert runner.last_prefill.reused_ids[0] > 256
