@@ -753,38 +753,45 @@ def first_token(runner, prompts, table, new_tokens: int, device: torch.device) -
 
 def reuse_chat(runner, table, args, device: torch.device) -> dict:
     """A chat of --turns questions about one picture, every turn re-sending the history (system, the earlier
-    questions and answers): each turn's time to first token (best of --repeats) and prefill ids, without block reuse
-    and then with it, the chat replayed from an empty pool each time."""
+    questions and answers): each turn's time to first token and prefill ids without block reuse and with it, the
+    whole chat replayed --repeats times, the two ways one after the other (the best time of each kept), the pool
+    emptied before each replay with reuse."""
     system, header, question = chat_pieces(runner.vocab_size, 1, args.seed)
     end_of_answer = torch.tensor([IM_END_ID, NEWLINE_ID])
-    prompts, answers, turns, history = [], [], [], system
-    runner.kv_cache_reuse = False
-    for k in range(args.turns):
-        prompt = torch.cat([history, header, question(k == 0)])
-        runs = [first_token(runner, [prompt], table, args.new_tokens, device) for _ in range(args.repeats)]
-        prompts.append(prompt)
-        answers.append(runs[0][1][0])
-        turns.append(
-            {
-                "turn": k + 1,
-                "prompt_ids": len(prompt),
-                "ttft_ms_without": min(seconds for seconds, _ in runs) * 1e3,
-                "computed_ids_without": runner.last_prefill.computed_ids[0],
-            }
-        )
-        history = torch.cat([prompt, torch.tensor(answers[-1]), end_of_answer])
-    runner.kv_cache_reuse = True
-    best, same = [float("inf")] * args.turns, True
+    prompts, answers, history = [], [], system
+    for k in range(args.turns):  # the prompts, with the answers given without reuse
+        prompts.append(torch.cat([history, header, question(k == 0)]))
+        history = torch.cat([prompts[-1], torch.tensor([0] * args.new_tokens), end_of_answer])  # its answer: below
+    best = {False: [float("inf")] * args.turns, True: [float("inf")] * args.turns}
+    computed, reused, same = {}, [0] * args.turns, True
     for _ in range(args.repeats):
-        runner.kv_pool.clear()
-        for k, prompt in enumerate(prompts):
-            seconds, [answer] = first_token(runner, [prompt], table, args.new_tokens, device)
-            best[k], same = min(best[k], seconds), same and answer == answers[k]
-            turns[k].update(
-                reused_ids=runner.last_prefill.reused_ids[0], computed_ids_with=runner.last_prefill.computed_ids[0]
-            )
-    for turn, seconds in zip(turns, best):
-        turn.update(ttft_ms_with=seconds * 1e3, ttft_ratio=turn["ttft_ms_without"] / (seconds * 1e3))
+        for reuse in (False, True):
+            runner.kv_cache_reuse = reuse
+            runner.kv_pool.clear()
+            for k in range(args.turns):
+                seconds, [answer] = first_token(runner, [prompts[k]], table, args.new_tokens, device)
+                best[reuse][k] = min(best[reuse][k], seconds)
+                computed[reuse, k] = runner.last_prefill.computed_ids[0]
+                if not reuse and len(answers) == k:  # the chat's answer sets the next turns' history
+                    answers.append(answer)
+                    for later in range(k + 1, args.turns):
+                        at = len(prompts[k])
+                        prompts[later] = torch.cat([prompts[later][:at], torch.tensor(answer), prompts[later][at + len(answer) :]])  # fmt: skip
+                elif reuse:
+                    same, reused[k] = same and answer == answers[k], runner.last_prefill.reused_ids[0]
+    turns = [
+        {
+            "turn": k + 1,
+            "prompt_ids": len(prompts[k]),
+            "computed_ids_without": computed[False, k],
+            "reused_ids": reused[k],
+            "computed_ids_with": computed[True, k],
+            "ttft_ms_without": best[False][k] * 1e3,
+            "ttft_ms_with": best[True][k] * 1e3,
+            "ttft_ratio": best[False][k] / best[True][k],
+        }
+        for k in range(args.turns)
+    ]
     later = turns[1:]
     return {
         "turns": turns,
@@ -799,29 +806,29 @@ def reuse_chat(runner, table, args, device: torch.device) -> dict:
 
 def reuse_batch(runner, table, batch: int, args, device: torch.device) -> dict:
     """A batch of `batch` different questions about one picture, after one question about it was answered: time to
-    first token of the batch (best of --repeats) and prefill ids, without block reuse and then with it (the first
-    question answered again from an empty pool before each run)."""
+    first token of the batch and prefill ids, without block reuse and with it, one after the other --repeats times
+    (the best time of each kept; with reuse the first question answered again from an empty pool each time)."""
     system, header, question = chat_pieces(runner.vocab_size, batch + 1, args.seed)
     first, *prompts = [torch.cat([system, header, question(True)]) for _ in range(batch + 1)]
-    runner.kv_cache_reuse = False
-    without = min(first_token(runner, prompts, table, 1, device)[0] for _ in range(args.repeats))
-    computed_without = sum(runner.last_prefill.computed_ids)
-    runner.kv_cache_reuse = True
-    best = float("inf")
+    best = {False: float("inf"), True: float("inf")}
+    stats = {}
     for _ in range(args.repeats):
-        runner.kv_pool.clear()
-        first_token(runner, [first], table, args.new_tokens, device)
-        best = min(best, first_token(runner, prompts, table, 1, device)[0])
-    stats = runner.last_prefill
+        for reuse in (False, True):
+            runner.kv_cache_reuse = reuse
+            runner.kv_pool.clear()
+            if reuse:
+                first_token(runner, [first], table, args.new_tokens, device)
+            best[reuse] = min(best[reuse], first_token(runner, prompts, table, 1, device)[0])
+            stats[reuse] = runner.last_prefill
     return {
         "batch": batch,
-        "prompt_ids": list(stats.input_ids),
-        "ttft_ms_without": without * 1e3,
-        "ttft_ms_with": best * 1e3,
-        "ttft_ratio": without / best,
-        "computed_ids_without": computed_without,
-        "reused_ids": sum(stats.reused_ids),
-        "computed_ids_with": sum(stats.computed_ids),
+        "prompt_ids": list(stats[True].input_ids),
+        "ttft_ms_without": best[False] * 1e3,
+        "ttft_ms_with": best[True] * 1e3,
+        "ttft_ratio": best[False] / best[True],
+        "computed_ids_without": sum(stats[False].computed_ids),
+        "reused_ids": sum(stats[True].reused_ids),
+        "computed_ids_with": sum(stats[True].computed_ids),
     }
 
 
