@@ -138,6 +138,7 @@ def test_kv_cache_reuse_gain_is_reported_with_the_ids_each_side_computed(tmp_pat
         assert turn["computed_ids_without"] == turn["prompt_ids"] > turn["computed_ids_with"]
         assert turn["reused_ids"] + turn["computed_ids_with"] == turn["prompt_ids"]
         assert turn["reused_ids"] >= before["prompt_ids"] // 32 * 32  # at least the history's whole blocks
+        assert turn["ttft_ratio_median_of_pairs"] > 0
     assert saved["chat"]["same_answers_with_and_without"] is True
     assert turns[-1]["prompt_ids"] + 8 == bench.chat_length(3, 8)
     [batch] = saved["same_picture_batch"]

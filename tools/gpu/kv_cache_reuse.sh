@@ -66,6 +66,8 @@ if int(bench_status) == 0:
     chat = report["chat"]
     summary["figures"] = {
         "chat_ttft_ratio_turns_2_plus": round(chat["ttft_ratio_turns_2_plus"], 2),
+        "chat_ttft_ratio_turns_2_plus_median_of_pairs": round(chat["ttft_ratio_turns_2_plus_median_of_pairs"], 2),
+        "chat_computed_ids_turns_2_plus": chat["computed_ids_turns_2_plus"],
         "chat_turns": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in t.items()} for t in chat["turns"]],
         "chat_same_answers_with_and_without": chat["same_answers_with_and_without"],
         "batches": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in b.items() if k != "prompt_ids"} for b in report["same_picture_batch"]],
