@@ -112,7 +112,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--turns",
         type=int,
-        default=4,
         help="turns of the --kv-cache-reuse chat, each re-sending the history (default 4)",
     )
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -121,6 +120,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.kv_cache_reuse and (args.integrity or args.first_answer):
+        parser.error("--kv-cache-reuse is a measurement of its own: leave out --integrity and --first-answer")
+    if args.turns is not None and not args.kv_cache_reuse:
+        parser.error("--turns sets the chat of --kv-cache-reuse: give both, or leave --turns out")
+    args.turns = 4 if args.turns is None else args.turns
     if not 2 <= args.turns <= MAX_TURNS:
         parser.error(f"--turns must be a whole number in [2, {MAX_TURNS}], got {args.turns}")
     positions = QWenVLConfig().max_position_embeddings

@@ -151,7 +151,17 @@ def test_kv_cache_reuse_gain_is_reported_with_the_ids_each_side_computed(tmp_pat
 
 
 def test_kv_cache_reuse_options_are_checked():
-    for argv in (["--turns", "1"], ["--turns", "0"], ["--turns", "33"], ["--kv-cache-reuse", "--turns", "32", "--new-tokens", "300"]):  # fmt: skip
+    for argv in (
+        ["--kv-cache-reuse", "--turns", "1"],
+        ["--kv-cache-reuse", "--turns", "0"],
+        ["--kv-cache-reuse", "--turns", "33"],
+        ["--kv-cache-reuse", "--turns", "2.5"],
+        ["--kv-cache-reuse", "--turns", "32", "--new-tokens", "300"],  # past Qwen-VL's positions
+        ["--turns", "3"],  # without --kv-cache-reuse
+        ["--kv-cache-reuse", "--integrity"],
+        ["--kv-cache-reuse", "--first-answer"],
+    ):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
     assert bench.parse_args(["--kv-cache-reuse", "--turns", "2"]).turns == 2
+    assert bench.parse_args(["--kv-cache-reuse"]).turns == 4
