@@ -312,8 +312,6 @@ def test_the_pool_is_sized_and_said():
 @pytest.mark.parametrize(
     "options, error, match",
     [
-        ({"kv_cache_reuse": "yes"}, ValueError, "kv_cache_reuse must be one of False, True, got 'yes'"),
-        ({"kv_cache_reuse": 1}, ValueError, "kv_cache_reuse must be one of False, True, got 1"),
         ({"kv_cache_key": "prefix"}, ValueError, "kv_cache_key must be one of 'ids', 'pad_value', 'mm_hash'"),
         ({"kv_block_size": 0}, ValueError, r"kv_block_size must be an int in \[1, 100\], got 0"),
         ({"kv_block_size": 101}, ValueError, r"kv_block_size must be an int in \[1, 100\], got 101"),
@@ -324,10 +322,25 @@ def test_the_pool_is_sized_and_said():
     ],
 )
 def test_bad_reuse_options_are_refused(options, error, match):
+    build = BuildConfig(max_batch_size=1, max_input_len=64, max_seq_len=100)
     with pytest.raises(error, match=match):
-        ModelRunner.from_model(
-            small_model(), BuildConfig(max_batch_size=1, max_input_len=64, max_seq_len=100), **options
-        )
+        ModelRunner.from_model(small_model(), build, kv_cache_reuse=True, **options)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_kv_cache_reuse_is_true_or_false(value):
+    build = BuildConfig(max_batch_size=1, max_input_len=64, max_seq_len=100)
+    with pytest.raises(ValueError, match=f"kv_cache_reuse must be one of False, True, got {value!r}"):
+        ModelRunner.from_model(small_model(), build, kv_cache_reuse=value)
+
+
+def test_the_default_block_needs_no_room_without_reuse():
+    """An engine shorter than a default block runs as before; with reuse its block must fit."""
+    build = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
+    assert ModelRunner.from_model(small_model(), build).kv_pool is None
+    with pytest.raises(ValueError, match=r"kv_block_size must be an int in \[1, 16\], got 32"):
+        ModelRunner.from_model(small_model(), build, kv_cache_reuse=True)
+    assert ModelRunner.from_model(small_model(), build, kv_cache_reuse=True, kv_block_size=8).kv_pool.capacity == 2
 
 
 def test_reuse_switched_on_needs_a_pool():

@@ -71,7 +71,10 @@ class ModelRunner(Runner):
         step_class = backend_class(backend, device, self.dtype, cuda_graphs)  # refused if it cannot run here
         check_choice("kv_cache_reuse", kv_cache_reuse, (False, True))
         self.kv_cache_key = check_choice("kv_cache_key", kv_cache_key, KV_CACHE_KEYS)
-        self.kv_block_size = check_int("kv_block_size", kv_block_size, 1, build_config.max_seq_len)
+        # a block longer than max_seq_len would never fill: refused when reuse is on, unused when it is off
+        self.kv_block_size = check_int(
+            "kv_block_size", kv_block_size, 1, build_config.max_seq_len if kv_cache_reuse else None
+        )
         rows = build_config.max_batch_size * build_config.max_beam_width
         if kv_pool_blocks is None:  # as many tokens as the cache rows hold
             kv_pool_blocks = rows * -(-build_config.max_seq_len // self.kv_block_size)
