@@ -2,6 +2,7 @@
 
     python -m qwenvl_lab.bench --model toy --device cpu --batch 1 2 4 8 --new-tokens 32 --json toy-cpu.json
     python -m qwenvl_lab.bench --model qwen-vl-chat --device cuda --dtype float16 --json data/benchmarks/h200.json
+    python -m qwenvl_lab.bench --model toy --kv-cache-reuse --json data/benchmarks/kv_cache_reuse/cpu-toy-fp32.json
 
 Both sides get the same prompts (chat layout, one picture each as fake ids + a prompt table) and generate greedily
 without stopping. The vision tower is not timed: the pictures' features are computed once (random at Qwen-VL-Chat
@@ -13,7 +14,7 @@ the fastest single product, a peak that a run of steps does not sustain on a sha
 CPU peak memory is the resident set above what the process held before that side's weights were loaded; CUDA peak
 memory is allocated memory. The engine's decode step is also timed with its matrix products alone (batch 1, as the
 engine runs them, nothing between them, timed the same way): how close to the limit its design could get without
-its other work.
+its other work. `--kv-cache-reuse` measures instead what KV-cache block reuse gains where it is right (`reuse_gain`).
 """
 
 import argparse
@@ -25,6 +26,7 @@ import os
 import platform
 import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,7 @@ from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAG
 from .toy import TOY_DIR
 
 MODELS = ("toy", "tiny", "qwen-vl-chat")
+MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL's positions
 IMAGES_DIR = images_dir()
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 
@@ -99,12 +102,37 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="instead: time loading --model's engine directory with verify='none', 'quick' and 'full', the checksum "
         "throughput, and what that makes for a full-size Qwen-VL-Chat engine",
     )
+    parser.add_argument(
+        "--kv-cache-reuse",
+        action="store_true",
+        help="instead: time to first token and prefill ids computed without and with KV-cache block reuse, in a "
+        "chat about one picture (--turns, answers of --new-tokens) and for batches of questions about one picture "
+        "(--batch)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        help="turns of the --kv-cache-reuse chat, each re-sending the history (default 4)",
+    )
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.kv_cache_reuse and (args.integrity or args.first_answer):
+        parser.error("--kv-cache-reuse is a measurement of its own: leave out --integrity and --first-answer")
+    if args.turns is not None and not args.kv_cache_reuse:
+        parser.error("--turns sets the chat of --kv-cache-reuse: give both, or leave --turns out")
+    args.turns = 4 if args.turns is None else args.turns
+    if not 2 <= args.turns <= MAX_TURNS:
+        parser.error(f"--turns must be a whole number in [2, {MAX_TURNS}], got {args.turns}")
+    positions = QWenVLConfig().max_position_embeddings
+    if args.kv_cache_reuse and chat_length(args.turns, args.new_tokens) > positions:
+        parser.error(
+            f"--turns {args.turns} with --new-tokens {args.new_tokens} make a chat of "
+            f"{chat_length(args.turns, args.new_tokens)} ids, past Qwen-VL's {positions} positions: ask for fewer"
+        )
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -664,6 +692,246 @@ def measure_all(
     }
 
 
+SYSTEM_IDS, HEADER_IDS, QUESTION_IDS = 20, 4, 12  # random text ids: the system turn, a user turn's start, a question
+
+
+def random_text(generator, n: int) -> torch.Tensor:
+    """n random text ids [n] (the speed does not depend on them)."""
+    return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
+
+
+def chat_pieces(vocab_size: int, questions: int, seed: int):
+    """(system turn [S], user-turn start [4], questions): each question a user turn's end then the assistant's start,
+    the first `questions` of them after the picture (a span of fake ids from vocab_size), the rest text only."""
+    generator = torch.Generator().manual_seed(seed)
+    newline = torch.tensor([NEWLINE_ID])
+    system = torch.cat(
+        [torch.tensor([IM_START_ID]), random_text(generator, SYSTEM_IDS), torch.tensor([IM_END_ID]), newline]
+    )
+    header = torch.cat([torch.tensor([IM_START_ID]), random_text(generator, HEADER_IDS - 1)])
+    picture = torch.cat(
+        [
+            torch.tensor([IMAGE_START_ID]),
+            torch.arange(vocab_size, vocab_size + IMG_TOKEN_SPAN),
+            torch.tensor([IMAGE_END_ID]),
+        ]
+    )
+
+    def question(with_picture: bool):
+        end = [torch.tensor([IM_END_ID]), newline, torch.tensor([IM_START_ID]), random_text(generator, 2), newline]
+        return torch.cat([*([picture, newline] if with_picture else []), random_text(generator, QUESTION_IDS), *end])
+
+    return system, header, question
+
+
+def chat_length(turns: int, new_tokens: int) -> int:
+    """Ids of the last prompt of a --kv-cache-reuse chat, and its answer."""
+    first = SYSTEM_IDS + 3 + HEADER_IDS + IMG_TOKEN_SPAN + 3 + QUESTION_IDS + 6
+    later = 2 + HEADER_IDS + QUESTION_IDS + 6  # <|im_end|>\n after an answer, then the next user turn
+    return first + (turns - 1) * (new_tokens + later) + new_tokens
+
+
+def first_token(runner, prompts, table, new_tokens: int, device: torch.device) -> tuple[float, list]:
+    """(seconds to the first token of a streaming generation, each request's answer): the prompts share one picture,
+    table [256, H], named "picture" in multimodal_hashes (as a client names it); the answer is generated untimed."""
+    synchronize(device)
+    start = time.perf_counter()
+    stream = runner.generate(
+        prompts,
+        prompt_table=table,
+        prompt_tasks=",".join("0" * len(prompts)),
+        task_vocab_size=IMG_TOKEN_SPAN,
+        max_new_tokens=new_tokens,
+        end_id=-1,
+        pad_id=ENDOFTEXT_ID,
+        multimodal_hashes=[["picture"]] * len(prompts),
+        streaming=True,
+        return_dict=True,
+    )
+    outputs = next(stream)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    for outputs in stream:  # noqa: B007 — the last outputs hold the answers
+        pass
+    return seconds, [outputs["output_ids"][r, 0, len(ids) :].tolist() for r, ids in enumerate(prompts)]
+
+
+def reuse_chat(runner, table, args, device: torch.device) -> dict:
+    """A chat of --turns questions about one picture, every turn re-sending the history (system, the earlier
+    questions and answers): each turn's time to first token and prefill ids without block reuse and with it, the
+    whole chat replayed --repeats times, the two ways one after the other (the best time of each kept), the pool
+    emptied before each replay with reuse."""
+    system, header, question = chat_pieces(runner.vocab_size, 1, args.seed)
+    end_of_answer = torch.tensor([IM_END_ID, NEWLINE_ID])
+    prompts, answers, history = [], [], system
+    for k in range(args.turns):  # the prompts, with the answers given without reuse
+        prompts.append(torch.cat([history, header, question(k == 0)]))
+        history = torch.cat([prompts[-1], torch.tensor([0] * args.new_tokens), end_of_answer])  # its answer: below
+    times = {False: [[] for _ in prompts], True: [[] for _ in prompts]}  # seconds of each replay, per turn
+    computed, reused, same = {}, [0] * args.turns, True
+    for _ in range(args.repeats):
+        for reuse in (False, True):
+            runner.kv_cache_reuse = reuse
+            runner.kv_pool.clear()
+            for k in range(args.turns):
+                seconds, [answer] = first_token(runner, [prompts[k]], table, args.new_tokens, device)
+                times[reuse][k].append(seconds)
+                computed[reuse, k] = runner.last_prefill.computed_ids[0]
+                if not reuse and len(answers) == k:  # the chat's answer sets the next turns' history
+                    answers.append(answer)
+                    for later in range(k + 1, args.turns):
+                        at = len(prompts[k])
+                        prompts[later] = torch.cat([prompts[later][:at], torch.tensor(answer), prompts[later][at + len(answer) :]])  # fmt: skip
+                elif reuse:
+                    same, reused[k] = same and answer == answers[k], runner.last_prefill.reused_ids[0]
+    best = {reuse: [min(t) for t in times[reuse]] for reuse in times}
+    turns = [
+        {
+            "turn": k + 1,
+            "prompt_ids": len(prompts[k]),
+            "computed_ids_without": computed[False, k],
+            "reused_ids": reused[k],
+            "computed_ids_with": computed[True, k],
+            "ttft_ms_without": best[False][k] * 1e3,
+            "ttft_ms_with": best[True][k] * 1e3,
+            "ttft_ratio": best[False][k] / best[True][k],
+            "ttft_ratio_median_of_pairs": statistics.median(a / b for a, b in zip(times[False][k], times[True][k])),
+        }
+        for k in range(args.turns)
+    ]
+    later = turns[1:]
+    pairs = [sum(t[i] for t in times[False][1:]) / sum(t[i] for t in times[True][1:]) for i in range(args.repeats)]
+    return {
+        "turns": turns,
+        "ttft_ratio_turns_2_plus": sum(t["ttft_ms_without"] for t in later) / sum(t["ttft_ms_with"] for t in later),
+        "ttft_ratio_turns_2_plus_median_of_pairs": statistics.median(pairs),  # each replay without ÷ the one with
+        "computed_ids_turns_2_plus": {
+            "without": sum(t["computed_ids_without"] for t in later),
+            "with": sum(t["computed_ids_with"] for t in later),
+        },
+        "same_answers_with_and_without": same,
+    }
+
+
+def reuse_batch(runner, table, batch: int, args, device: torch.device) -> dict:
+    """A batch of `batch` different questions about one picture, after one question about it was answered: time to
+    first token of the batch and prefill ids, without block reuse and with it, one after the other --repeats times
+    (the best time of each kept; with reuse the first question answered again from an empty pool each time)."""
+    system, header, question = chat_pieces(runner.vocab_size, batch + 1, args.seed)
+    first, *prompts = [torch.cat([system, header, question(True)]) for _ in range(batch + 1)]
+    times, stats = {False: [], True: []}, {}
+    for _ in range(args.repeats):
+        for reuse in (False, True):
+            runner.kv_cache_reuse = reuse
+            runner.kv_pool.clear()
+            if reuse:
+                first_token(runner, [first], table, args.new_tokens, device)
+            times[reuse].append(first_token(runner, prompts, table, 1, device)[0])
+            stats[reuse] = runner.last_prefill
+    best = {reuse: min(t) for reuse, t in times.items()}
+    return {
+        "batch": batch,
+        "prompt_ids": list(stats[True].input_ids),
+        "ttft_ms_without": best[False] * 1e3,
+        "ttft_ms_with": best[True] * 1e3,
+        "ttft_ratio": best[False] / best[True],
+        "ttft_ratio_median_of_pairs": statistics.median(a / b for a, b in zip(times[False], times[True])),
+        "computed_ids_without": sum(stats[False].computed_ids),
+        "reused_ids": sum(stats[True].reused_ids),
+        "computed_ids_with": sum(stats[True].computed_ids),
+    }
+
+
+def reuse_gain(args: argparse.Namespace) -> dict:
+    """What KV-cache block reuse gains where it is right: a chat about one picture and batches of questions about one
+    picture, each without reuse and with it (mm_hash keys), on one runner (its pool switched off and on)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device, dtype = torch.device(args.device), to_torch_dtype(args.dtype)
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        model, checkpoint = load_model(args, device, dtype, Path(workdir))
+    table = picture_features(model, 1, real=checkpoint is not None)[0]  # [256, H]
+    longest = chat_length(args.turns, args.new_tokens)
+    build_config = BuildConfig(
+        max_batch_size=max(args.batch),
+        max_input_len=-(-(longest - args.new_tokens) // KV_BUCKET) * KV_BUCKET,
+        max_seq_len=-(-longest // KV_BUCKET) * KV_BUCKET,
+        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * max(args.batch),
+        dtype=args.dtype,
+    )
+    runner = ModelRunner.from_model(
+        model, build_config, device, args.backend, args.cuda_graphs, kv_cache_reuse=True, kv_cache_key="mm_hash"
+    )
+    del model
+    release_memory(device)
+    runner.warm_up(progress=False)
+    load = os.getloadavg()
+    chat = reuse_chat(runner, table, args, device)
+    batches = [reuse_batch(runner, table, b, args, device) for b in sorted(set(args.batch))]
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "hardware": hardware(device),
+        "load_average": {"before": round(load[0], 2), "after": round(os.getloadavg()[0], 2)},  # other work here
+        "model": {
+            "name": args.model if args.checkpoint is None else str(args.checkpoint),
+            "hidden_size": runner.hidden_size,
+            "layers": runner.pretrained_config["num_hidden_layers"],
+            "dtype": args.dtype,
+        },
+        "settings": {
+            "device": str(device),
+            "turns": args.turns,
+            "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "build_config": asdict(build_config),
+            "backend": runner.backend,
+            "cuda_graphs": runner.cuda_graphs,
+            "kv_cache_key": runner.kv_cache_key,
+            "kv_block_size": runner.kv_block_size,
+            "kv_pool_blocks": runner.kv_pool.capacity,
+            "kv_pool_bytes": runner.kv_pool.nbytes,
+        },
+        "chat": chat,
+        "same_picture_batch": batches,
+    }
+
+
+def format_reuse(report: dict) -> str:
+    """A --kv-cache-reuse report as a fixed-width text table."""
+    settings = report["settings"]
+    lines = [
+        f"{report['model']['name']} ({report['model']['dtype']}) on {report['hardware'].get('gpu', report['hardware']['cpu'])}: "
+        f"KV-cache block reuse, blocks of {settings['kv_block_size']} ids, a pool of {settings['kv_pool_blocks']} blocks "
+        f"({settings['kv_pool_bytes'] / 2**20:.1f} MiB), keys {settings['kv_cache_key']!r}",
+        f"{'chat turn':<10} {'prompt ids':>10} {'computed without':>16} {'computed with':>13} {'TTFT ms without':>15} "
+        f"{'TTFT ms with':>12} {'ratio':>6} {'median of pairs':>15}",
+    ]
+    for t in report["chat"]["turns"]:
+        lines.append(
+            f"{t['turn']:<10} {t['prompt_ids']:>10} {t['computed_ids_without']:>16} {t['computed_ids_with']:>13} "
+            f"{t['ttft_ms_without']:>15.1f} {t['ttft_ms_with']:>12.1f} {t['ttft_ratio']:>6.2f} "
+            f"{t['ttft_ratio_median_of_pairs']:>15.2f}"
+        )
+    chat = report["chat"]
+    lines.append(
+        f"turns 2+: time to first token {chat['ttft_ratio_turns_2_plus']:.2f}x faster with reuse (best times; median "
+        f"of the replays' pairs {chat['ttft_ratio_turns_2_plus_median_of_pairs']:.2f}x); the same answers "
+        f"with and without: {chat['same_answers_with_and_without']}"
+    )
+    lines.append(
+        f"{'batch':<10} {'prompt ids':>10} {'computed without':>16} {'computed with':>13} {'TTFT ms without':>15} "
+        f"{'TTFT ms with':>12} {'ratio':>6} {'median of pairs':>15}"
+    )
+    for b in report["same_picture_batch"]:
+        lines.append(
+            f"{b['batch']:<10} {sum(b['prompt_ids']):>10} {b['computed_ids_without']:>16} {b['computed_ids_with']:>13} "
+            f"{b['ttft_ms_without']:>15.1f} {b['ttft_ms_with']:>12.1f} {b['ttft_ratio']:>6.2f} "
+            f"{b['ttft_ratio_median_of_pairs']:>15.2f}"
+        )
+    return "\n".join(lines)
+
+
 def format_table(report: dict) -> str:
     """The results as a fixed-width text table with the limit above it."""
     bw = report["bandwidth"]
@@ -707,6 +975,13 @@ def main(argv=None) -> dict:
     if args.integrity:
         report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
         print(json.dumps(report, indent=2))
+        return report
+    if args.kv_cache_reuse:
+        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **reuse_gain(args)}
+        print(format_reuse(report))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         return report
     try:
         results = run_benchmark(args, argv)

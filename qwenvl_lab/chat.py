@@ -490,6 +490,7 @@ class Conversation:
             end_id=IM_END_ID,
             pad_id=IM_END_ID,
             stop_words_list=[[(IM_START_ID,)]],
+            multimodal_hashes=[in_context],  # each picture by its pixels: what KV-cache reuse keys its blocks by
             streaming=True,
             return_dict=True,
             **settings.sampling(),

@@ -226,6 +226,13 @@ def chat_main(argv=None, read=input, write=print) -> int:
         "--max-new-tokens", type=count(1), default=128, help="the most tokens an answer may have (default: %(default)s)"
     )
     parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
+    parser.add_argument(
+        "--kv-cache-reuse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV cache of the history each turn re-sends, its blocks keyed by ids and each picture's "
+        "pixels (default: on)",
+    )
     args = parser.parse_args(argv)
     if args.boxes is not None and args.boxes.exists() and not args.boxes.is_dir():
         parser.error(f"--boxes {str(args.boxes)!r} is a file: give a folder for the pictures with boxes")
@@ -236,7 +243,7 @@ def chat_main(argv=None, read=input, write=print) -> int:
     from .resources import output_dir
     from .toy import course_engine
 
-    infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)
+    infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device, kv_cache_reuse=args.kv_cache_reuse)
     settings = GenerationSettings.from_dir(
         infer.runner.engine_dir, do_sample=args.sample, max_new_tokens=args.max_new_tokens
     )

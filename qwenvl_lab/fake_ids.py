@@ -28,3 +28,13 @@ def replace_image_spans(input_ids, img_pos, fake_prompt_id) -> torch.Tensor:
     for k, (i, a, b) in enumerate(img_pos.tolist()):
         input_ids[i, a + 1 : b] = fake_prompt_id[k]
     return input_ids
+
+
+def fake_id_runs(ids, vocab_size: int) -> list[tuple[int, int]]:
+    """[start, end) of each run of consecutive fake ids (>= vocab_size) in ids [L]: one per picture's span."""
+    fake = torch.as_tensor(ids) >= vocab_size  # [L]
+    edges = torch.diff(
+        fake.to(torch.int8), prepend=torch.zeros(1, dtype=torch.int8), append=torch.zeros(1, dtype=torch.int8)
+    )
+    starts, ends = torch.nonzero(edges == 1).flatten().tolist(), torch.nonzero(edges == -1).flatten().tolist()
+    return list(zip(starts, ends))

@@ -17,6 +17,7 @@ import torch
 
 from .checks.tensors import INT32_MAX, as_id_list, check_rows_per_request, check_rows_read, one_int, parse_tasks
 from .checks.values import check_choice, check_int, check_number, is_int
+from .fake_ids import fake_id_runs
 from .img_pos import locate_img_pos
 from .limits import TABLE_SIZE_RULE, BuildConfig
 from .prompt_table import rows_read, runtime_prompt_table, table_size
@@ -119,6 +120,8 @@ class CheckedRequest:
     vocab_size: int
     rows: list[torch.Tensor]  # [L_i] each
     stop_words: list[list[tuple[int, ...]]] | None = None  # per request, its stop sequences
+    extra_ids: list[list[int]] | None = None  # per request, TensorRT-LLM's input_token_extra_ids: one per id
+    picture_hashes: list[list[bytes]] | None = None  # per request, one hash per run of fake ids (a picture)
 
     def rows_read(self, i: int) -> torch.Tensor:
         """The table rows request i reads, in the order of its fake ids: [n]."""
@@ -148,6 +151,58 @@ def check_spans_hold_fake_ids(requests, vocab_size: int) -> None:
                 "engine would embed the path bytes as text): encode the picture with the vision tower, replace the span "
                 "with fake ids and pass a prompt_table (single_table_batch / per_request_tables, or QWenInfer.qwen_infer)"
             )
+
+
+def picture_hash_bytes(value, where: str) -> bytes:
+    """A picture's hash as bytes: bytes or a str as given (a hex digest, a name), an int >= 0 by its big-endian bytes."""
+    if isinstance(value, (bytes, bytearray)) and value:
+        return bytes(value)
+    if isinstance(value, str) and value:
+        return value.encode()
+    if is_int(value) and value >= 0:
+        return int(value).to_bytes(max(1, (int(value).bit_length() + 7) // 8), "big")
+    raise ValueError(f"{where} must be a picture's hash: non-empty bytes or str, or an int >= 0; got {value!r:.80}")
+
+
+def check_reuse_keys(ids: list[torch.Tensor], vocab_size: int, input_token_extra_ids, multimodal_hashes):
+    """What KV-cache reuse may key a batch's blocks by, checked: TensorRT-LLM's input_token_extra_ids (per request one
+    int in [0, 2**64) per id) and multimodal_hashes (per request one hash per run of fake ids, a picture's span, in
+    order), as (extra ids, hashes as bytes), each None when not given."""
+    extra = hashes = None
+    if input_token_extra_ids is not None:
+        if not isinstance(input_token_extra_ids, (list, tuple)) or len(input_token_extra_ids) != len(ids):
+            raise ValueError(
+                f"input_token_extra_ids must hold one list of extra ids per request ({len(ids)}), as TensorRT-LLM's "
+                f"ModelRunnerCpp.generate takes them; got {input_token_extra_ids!r:.80}"
+            )
+        extra = []
+        for i, (seq, given) in enumerate(zip(ids, input_token_extra_ids)):
+            values = given.tolist() if isinstance(given, torch.Tensor) else given
+            if not isinstance(values, (list, tuple)) or len(values) != len(seq):
+                raise ValueError(
+                    f"input_token_extra_ids[{i}] must hold one extra id per input id ({len(seq)}): 0 for text, the "
+                    f"same id > 0 for the same picture's fake ids; got {given!r:.80}"
+                )
+            if not all(is_int(x) and 0 <= x < 2**64 for x in values):
+                bad = next(x for x in values if not (is_int(x) and 0 <= x < 2**64))
+                raise ValueError(f"input_token_extra_ids[{i}] holds {bad!r}: extra ids are ints in [0, 2**64)")
+            extra.append([int(x) for x in values])
+    if multimodal_hashes is not None:
+        if not isinstance(multimodal_hashes, (list, tuple)) or len(multimodal_hashes) != len(ids):
+            raise ValueError(
+                f"multimodal_hashes must hold one list of picture hashes per request ({len(ids)}); "
+                f"got {multimodal_hashes!r:.80}"
+            )
+        hashes = []
+        for i, (seq, given) in enumerate(zip(ids, multimodal_hashes)):
+            runs = len(fake_id_runs(seq, vocab_size))
+            if not isinstance(given, (list, tuple)) or len(given) != runs:
+                raise ValueError(
+                    f"multimodal_hashes[{i}] must hold one hash per picture of request {i} (its runs of fake ids: "
+                    f"{runs}), in order; got {given!r:.80}"
+                )
+            hashes.append([picture_hash_bytes(h, f"multimodal_hashes[{i}][{k}]") for k, h in enumerate(given)])
+    return extra, hashes
 
 
 def check_limits(build: BuildConfig, ids: list[torch.Tensor], max_new_tokens, num_beams) -> None:
@@ -193,6 +248,8 @@ def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then Tenso
     in_flight: bool = False,
     path_spans: bool = False,
     stop_words_list=None,
+    input_token_extra_ids=None,
+    multimodal_hashes=None,
 ) -> CheckedRequest:
     """Check a batch against an engine built with `build` (its vocabulary and hidden sizes given) before it runs.
 
@@ -200,7 +257,8 @@ def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then Tenso
     ModelRunner, run.py's Python session). in_flight=True: each request gets its own table of at most
     max_prompt_embedding_table_size / max_batch_size rows (ModelRunnerCpp's in-flight batching). path_spans=True: image
     spans may hold a picture's path (a runner that reads pictures itself). stop_words_list: TensorRT-LLM's, one list of
-    token-id sequences per request.
+    token-id sequences per request. input_token_extra_ids and multimodal_hashes: what KV-cache reuse may key blocks
+    by (`check_reuse_keys`); a runner without a cache ignores them.
     """
     ids = as_id_list(batch_input_ids)
     check_limits(build, ids, max_new_tokens, num_beams)
@@ -222,7 +280,8 @@ def check_request(  # noqa: PLR0913 — an engine's limits and sizes, then Tenso
     if not path_spans:
         check_spans_hold_fake_ids(ids, vocab_size)
     stop_words = check_stop_words(stop_words_list, len(ids), vocab_size)
-    checked = CheckedRequest(ids, table, tasks, tvs, vocab_size, rows, stop_words)
+    extra_ids, picture_hashes = check_reuse_keys(ids, vocab_size, input_token_extra_ids, multimodal_hashes)
+    checked = CheckedRequest(ids, table, tasks, tvs, vocab_size, rows, stop_words, extra_ids, picture_hashes)
     if table is not None and in_flight:
         size, batch = build.max_prompt_embedding_table_size, build.max_batch_size
         block = f"max_prompt_embedding_table_size / max_batch_size = {size} / {batch}"
@@ -323,7 +382,7 @@ class Runner:
         """True while a generation runs or a streaming generation is open."""
         return self.turn.busy
 
-    def check_request(
+    def check_request(  # noqa: PLR0913 — generate's inputs, as check_request takes them
         self,
         batch_input_ids,
         prompt_table=None,
@@ -332,6 +391,8 @@ class Runner:
         max_new_tokens: int = 64,
         sampling: SamplingConfig = SamplingConfig(),
         stop_words_list=None,
+        input_token_extra_ids=None,
+        multimodal_hashes=None,
     ) -> CheckedRequest:
         """The batch checked against this runner's limits, vocabulary and hidden size (`check_request`)."""
         return check_request(
@@ -349,6 +410,8 @@ class Runner:
             self.in_flight,
             self.path_spans,
             stop_words_list,
+            input_token_extra_ids,
+            multimodal_hashes,
         )
 
     def generate(  # noqa: PLR0913 — TensorRT-LLM's ModelRunner.generate keywords, as the course teaches them
@@ -371,6 +434,8 @@ class Runner:
         task_vocab_size=None,
         repetition_penalty: float = 1.0,
         stop_words_list=None,
+        input_token_extra_ids=None,
+        multimodal_hashes=None,
     ):
         """Generate for a batch of requests (list of 1-D ids): output_ids [B, beams, max input + max_new_tokens].
 
@@ -380,7 +445,9 @@ class Runner:
         table 0 when there is one). The sampling knobs are SamplingConfig's. stop_words_list (one list of token-id
         sequences per request) stops a request once its new tokens end with one of them. streaming=True returns a
         GenerationStream of the same outputs after every step; return_dict=True gives {"output_ids",
-        "sequence_lengths"}. Threads may share a runner: a call waits for the generation running (one at a time), and
+        "sequence_lengths"}. input_token_extra_ids (TensorRT-LLM's: per request one extra id per input id, 0 for text)
+        and multimodal_hashes (per request one hash per picture) are what a runner with KV-cache reuse may key its
+        blocks by (engine.ModelRunner's kv_cache_key); runners without a cache check and ignore them. Threads may share a runner: a call waits for the generation running (one at a time), and
         is refused while a streaming generation is open. On a tensor-parallel rank other than 0 it returns None.
         """
         sampling = SamplingConfig(
@@ -396,7 +463,15 @@ class Runner:
             repetition_penalty=repetition_penalty,
         )
         request = self.check_request(
-            batch_input_ids, prompt_table, prompt_tasks, task_vocab_size, max_new_tokens, sampling, stop_words_list
+            batch_input_ids,
+            prompt_table,
+            prompt_tasks,
+            task_vocab_size,
+            max_new_tokens,
+            sampling,
+            stop_words_list,
+            input_token_extra_ids,
+            multimodal_hashes,
         )
         self.turn.begin(streaming)  # threads wait their turn; refused while a stream is open
         stream = None

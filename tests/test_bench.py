@@ -119,3 +119,49 @@ def test_a_busy_machine_gets_one_line_of_advice(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--model", "tiny", "--batch", "1", "--new-tokens", "4", "--repeats", "1", "--no-eager"])
     assert exit_info.value.code == "qwenvl-lab bench: the machine is too busy to measure; rerun with more --repeats"
+
+
+@pytest.mark.slow
+def test_kv_cache_reuse_gain_is_reported_with_the_ids_each_side_computed(tmp_path, capsys):
+    """--kv-cache-reuse: a chat whose later turns compute only what follows the history, a batch that computes only
+    what follows the picture, the same answers either way (fp32 on the CPU), the pool's size; no speed asserted."""
+    path = tmp_path / "reuse.json"
+    argv = ["--model", "tiny", "--kv-cache-reuse", "--turns", "3", "--batch", "2", "--new-tokens", "8"]
+    report = bench.main([*argv, "--repeats", "1", "--backend", "torch", "--json", path])
+    saved = json.loads(path.read_text())
+    assert saved["command"].startswith("python -m qwenvl_lab.bench --model tiny --kv-cache-reuse")
+    assert saved["chat"] == json.loads(json.dumps(report["chat"]))
+    turns = saved["chat"]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3] and turns[0]["reused_ids"] == 0
+    for before, turn in zip(turns, turns[1:]):  # each turn re-sends the one before, its answer and a question
+        assert turn["prompt_ids"] == before["prompt_ids"] + 8 + 2 + bench.HEADER_IDS + bench.QUESTION_IDS + 6
+        assert turn["computed_ids_without"] == turn["prompt_ids"] > turn["computed_ids_with"]
+        assert turn["reused_ids"] + turn["computed_ids_with"] == turn["prompt_ids"]
+        assert turn["reused_ids"] >= before["prompt_ids"] // 32 * 32  # at least the history's whole blocks
+        assert turn["ttft_ratio_median_of_pairs"] > 0
+    assert saved["chat"]["same_answers_with_and_without"] is True
+    assert turns[-1]["prompt_ids"] + 8 == bench.chat_length(3, 8)
+    [batch] = saved["same_picture_batch"]
+    shared = bench.SYSTEM_IDS + 3 + bench.HEADER_IDS + 258 + 1  # the system turn, the picture and its newline
+    assert batch["batch"] == 2 and batch["reused_ids"] == 2 * (shared // 32 * 32)
+    assert batch["computed_ids_without"] == sum(batch["prompt_ids"]) == batch["reused_ids"] + batch["computed_ids_with"]
+    settings = saved["settings"]
+    assert settings["kv_cache_key"] == "mm_hash" and settings["kv_block_size"] == 32 and settings["kv_pool_bytes"] > 0
+    assert "turns 2+: time to first token" in capsys.readouterr().out
+
+
+def test_kv_cache_reuse_options_are_checked():
+    for argv in (
+        ["--kv-cache-reuse", "--turns", "1"],
+        ["--kv-cache-reuse", "--turns", "0"],
+        ["--kv-cache-reuse", "--turns", "33"],
+        ["--kv-cache-reuse", "--turns", "2.5"],
+        ["--kv-cache-reuse", "--turns", "32", "--new-tokens", "300"],  # past Qwen-VL's positions
+        ["--turns", "3"],  # without --kv-cache-reuse
+        ["--kv-cache-reuse", "--integrity"],
+        ["--kv-cache-reuse", "--first-answer"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+    assert bench.parse_args(["--kv-cache-reuse", "--turns", "2"]).turns == 2
+    assert bench.parse_args(["--kv-cache-reuse"]).turns == 4

@@ -11,7 +11,7 @@ from conftest import refuse_writes_in
 from PIL import Image
 from safetensors import SafetensorError
 
-from qwenvl_lab import bench, cli, grounding
+from qwenvl_lab import bench, cli, grounding, infer
 from qwenvl_lab.engine import build
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -246,3 +246,22 @@ def test_chat_says_when_the_oldest_turns_no_longer_fit(toy_chat, tmp_path):
     text = chat_session(toy_chat[0].engine_dir, lines, "--boxes", str(tmp_path))
     assert "cannot ask" not in text
     assert text.count("the oldest turn no longer fits the engine: left out of the conversation") == 1
+
+
+def test_chat_reuses_the_history_keyed_by_pixels_unless_told_not_to(toy_chat, tmp_path, monkeypatch):
+    """The chat's runner keeps each turn's blocks (picture-hash keys) by default; --no-kv-cache-reuse turns it off;
+    either way the same answers."""
+    runners, loaded = [], infer.QWenInfer.from_dir.__func__
+
+    def keeping(cls, *args, **kwargs):
+        made = loaded(cls, *args, **kwargs)
+        runners.append(made.runner)
+        return made
+
+    monkeypatch.setattr(infer.QWenInfer, "from_dir", classmethod(keeping))
+    typed = ["/image " + str(IMAGES / "red_circle.png"), "What is in the picture?", "How many shapes are there?"]
+    texts = [chat_session(toy_chat[0].engine_dir, typed, *extra) for extra in ([], ["--no-kv-cache-reuse"])]
+    assert texts[0] == texts[1] and "A red circle." in texts[0]
+    reusing, plain = runners
+    assert reusing.kv_cache_reuse and reusing.kv_cache_key == "mm_hash" and reusing.last_prefill.reused_ids[0] > 256
+    assert not plain.kv_cache_reuse and plain.last_prefill.reused_ids == (0,)

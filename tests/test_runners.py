@@ -99,6 +99,18 @@ BAD_REQUESTS = [
     ("task_vocab_size 0 with fake ids", dict(batch_input_ids=[image_request()], prompt_table=torch.zeros(1, H), task_vocab_size=0), ValueError, "task_vocab_size must be >= 1"),
     ("task_vocab_size a float", dict(batch_input_ids=[image_request()], prompt_table=table_with(), task_vocab_size=2.5), TypeError, "task_vocab_size must be an int, got float"),
     ("task_vocab_size disagrees", dict(batch_input_ids=[image_request()], prompt_table=torch.zeros(1, 256, H), task_vocab_size=128), ValueError, "task_vocab_size 128 disagrees"),
+    ("extra ids for two", dict(input_token_extra_ids=[[0, 0, 0]] * 2), ValueError, r"one list of extra ids per request \(1\)"),
+    ("extra ids a tensor", dict(input_token_extra_ids=torch.zeros(1, 3)), ValueError, r"one list of extra ids per request \(1\)"),
+    ("extra ids too few", dict(input_token_extra_ids=[[0, 0]]), ValueError, r"input_token_extra_ids\[0\] must hold one extra id per input id \(3\)"),
+    ("extra id negative", dict(input_token_extra_ids=[[0, -1, 0]]), ValueError, r"input_token_extra_ids\[0\] holds -1: extra ids are ints in \[0, 2\*\*64\)"),
+    ("extra id a float", dict(input_token_extra_ids=[[0, 0.5, 0]]), ValueError, r"input_token_extra_ids\[0\] holds 0.5"),
+    ("extra id past uint64", dict(input_token_extra_ids=[[0, 2**64, 0]]), ValueError, "holds 18446744073709551616"),
+    ("extra id True", dict(input_token_extra_ids=[[0, True, 0]]), ValueError, "holds True"),
+    ("hashes for two", dict(multimodal_hashes=[[], []]), ValueError, r"one list of picture hashes per request \(1\)"),
+    ("a hash, no picture", dict(multimodal_hashes=[["red.png"]]), ValueError, r"multimodal_hashes\[0\] must hold one hash per picture of request 0 .*: 0\)"),
+    ("an empty hash", dict(batch_input_ids=[image_request()], prompt_table=table_with(), multimodal_hashes=[[""]]), ValueError, r"multimodal_hashes\[0\]\[0\] must be a picture's hash"),
+    ("a hash a float", dict(batch_input_ids=[image_request()], prompt_table=table_with(), multimodal_hashes=[[0.5]]), ValueError, r"multimodal_hashes\[0\]\[0\] must be a picture's hash"),
+    ("a negative hash", dict(batch_input_ids=[image_request()], prompt_table=table_with(), multimodal_hashes=[[-1]]), ValueError, r"must be a picture's hash: non-empty bytes or str, or an int >= 0"),
 ]  # fmt: skip
 
 

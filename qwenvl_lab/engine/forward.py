@@ -58,26 +58,33 @@ class LanguageModelEngine:
         """The final norm and output layer of the residual stream x [n, H]: logits [n, V] in float32."""
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()
 
-    def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range]) -> torch.Tensor:
-        """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V]."""
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [N]
+    def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range], starts=None) -> torch.Tensor:
+        """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V].
+
+        With `starts`, the first starts[r] tokens of request r are already in its cache rows (reused blocks): embeds
+        packs only the lengths[r] - starts[r] tokens after them, run at their positions over the cached keys."""
+        starts = [0] * len(lengths) if starts is None else list(starts)
+        news = [n - s for n, s in zip(lengths, starts)]  # tokens each request computes
+        positions = torch.cat([torch.arange(s, n, device=self.device) for s, n in zip(starts, lengths)])  # [N]
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [N, 1, hd]
-        masks = [attention_bias(None, n, 0, self.dtype, self.device) for n in lengths]  # [1, 1, L, L] each
-        starts = [sum(lengths[:r]) for r in range(len(lengths))]
+        masks = [attention_bias(None, n, s, self.dtype, self.device) for n, s in zip(news, starts)]  # [1, 1, n, s + n]
+        offsets = [sum(news[:r]) for r in range(len(news))]
         x = embeds
         for layer, cache in zip(self.layers, self.kv_cache):
             q, k, v = attention_input(x, layer, self.eps, cos, sin, self.heads)  # [N, heads, hd] each
             outputs = []
-            for start, n, slots, mask in zip(starts, lengths, rows, masks):
-                k_r, v_r = (t[start : start + n].transpose(0, 1) for t in (k, v))  # [heads, L, hd]
-                cache[0, slots.start : slots.stop, :, :n] = k_r  # every beam row of the request
-                cache[1, slots.start : slots.stop, :, :n] = v_r
+            for offset, n, start, slots, mask in zip(offsets, news, starts, rows, masks):
+                k_r, v_r = (t[offset : offset + n].transpose(0, 1) for t in (k, v))  # [heads, n, hd]
+                cache[0, slots.start : slots.stop, :, start : start + n] = k_r  # every beam row of the request
+                cache[1, slots.start : slots.stop, :, start : start + n] = v_r
+                if start:  # the reused keys before the new ones: [heads, start + n, hd]
+                    k_r, v_r = cache[0, slots.start, :, : start + n], cache[1, slots.start, :, : start + n]
                 out = F.scaled_dot_product_attention(
-                    q[start : start + n].transpose(0, 1)[None], k_r[None], v_r[None], attn_mask=mask
-                )  # [1, heads, L, hd]
+                    q[offset : offset + n].transpose(0, 1)[None], k_r[None], v_r[None], attn_mask=mask
+                )  # [1, heads, n, hd]
                 outputs.append(out[0].transpose(0, 1).reshape(n, -1))
             x = mlp_output(x, torch.cat(outputs), layer, self.eps)
-        last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=self.device)
+        last = torch.tensor([o + n - 1 for o, n in zip(offsets, news)], device=self.device)
         return self.logits(x[last])  # [B, V]
 
     def reorder(self, src_rows: torch.Tensor, kv_len: int) -> None:
