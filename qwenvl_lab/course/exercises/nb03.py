@@ -242,12 +242,12 @@ def SELF_CHECK():
             ),
         ),
         Question(
-            "In run.py's Python session a batch holds 3 pictures. Which fake id opens the third picture's span?",
+            "In run.py's Python session a batch holds 2 pictures. Which fake id opens the second picture's span?",
             (
                 wrong(str(int(three[0, 0])), "that opens the first; in this convention the ids go on across the batch"),
-                wrong(str(int(three[1, 0])), "that opens the second picture: pictures are counted from 0"),
-                right(str(int(three[2, 0])), "`vocab_size + 256 · 2`: one table, ids increasing over every picture"),
-                wrong(str(int(three[2, -1])), "that is the third picture's last id"),
+                right(str(int(three[1, 0])), "`vocab_size + 256 · 1`: one table, ids increasing over every picture"),
+                wrong(str(int(three[0, -1])), "that is the first picture's last id"),
+                wrong(str(ENDOFTEXT_ID + IMG_TOKEN_SPAN), "fake ids start at the model's `vocab_size`, not at 151643"),
             ),
         ),
         Question(
