@@ -150,7 +150,7 @@ def test_the_widget_grades_the_picked_option(sample_bank):
 @pytest.mark.parametrize("notebook", selfcheck.notebooks())
 def test_the_widget_shows_every_option_as_markdown(notebook):
     """Options and prompts are rendered (`code` as code), never shown with their raw backticks."""
-    ipywidgets = pytest.importorskip("ipywidgets")
+    pytest.importorskip("ipywidgets")
     for box, question in zip(selfcheck.show(notebook).children, selfcheck.questions(notebook)):
         shown = box.children[0].value
         assert "`" not in shown, shown
