@@ -73,7 +73,7 @@ def learner_copy(notebook: Path) -> bytes:
         if ANSWER_TAG in tags:
             cell["metadata"].setdefault("jupyter", {})["source_hidden"] = True
     content.get("metadata", {}).pop("widgets", None)
-    return (json.dumps(content, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+    return (json.dumps(content, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def write_copy(notebook: Path, target: Path) -> None:

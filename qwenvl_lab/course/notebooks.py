@@ -38,7 +38,7 @@ NOTEBOOKS = (
     Notebook("00", "00_welcome", "Welcome", True, "the map of the pipeline with real shapes; check your setup", 20, 15),
     Notebook(
         "01", "01_tokenizing", "Tokenizing", True,
-        "`from_list_format`, chatml, the special tokens, a picture's 256-id span", 55, 10,
+        "`from_list_format`, chatml, the special tokens, a picture's 256-id span", 35, 10,
     ),
     Notebook(
         "02", "02_locating_img_pos", "Locating img_pos", True,
