@@ -68,8 +68,8 @@ def index_error(path):
 # 02.1: answers
 
 
-def loop_locate(input_ids):
-    """A right answer: the tags paired row by row, in plain Python."""
+def pairs_in_order(input_ids):
+    """The tags paired row by row, in order, in plain Python; no span's length checked (the old solution's rule)."""
     rows = []
     for i, row in enumerate(input_ids.tolist()):
         open_at = None
@@ -88,13 +88,25 @@ def loop_locate(input_ids):
     return torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
 
 
+def loop_locate(input_ids):
+    """A right answer: the tags paired row by row in plain Python, each span's length checked."""
+    img_pos = pairs_in_order(input_ids)
+    if (img_pos[:, 2] - img_pos[:, 1] - 1 != IMG_TOKEN_SPAN).any():
+        raise ValueError("a span does not hold 256 ids")
+    return img_pos
+
+
 def depth_locate(input_ids):
-    """A right answer, vectorised: the number of open spans along each row must stay 0 or 1 and end at 0."""
+    """A right answer, vectorised: the number of open spans along each row must stay 0 or 1 and end at 0, and every
+    span holds 256 ids."""
     starts, ends = input_ids == IMAGE_START_ID, input_ids == IMAGE_END_ID
     depth = starts.long().cumsum(1) - ends.long().cumsum(1)  # [B, L]
     if (depth < 0).any() or (depth > 1).any() or (depth[:, -1] != 0).any():
         raise ValueError("image tags do not pair up within a row")
-    return torch.cat([torch.nonzero(starts), torch.nonzero(ends)[:, 1:]], dim=1).int()
+    img_pos = torch.cat([torch.nonzero(starts), torch.nonzero(ends)[:, 1:]], dim=1).int()
+    if (img_pos[:, 2] - img_pos[:, 1] != IMG_TOKEN_SPAN + 1).any():
+        raise ValueError("a span does not hold 256 ids")
+    return img_pos
 
 
 def three_lines(input_ids):
@@ -215,6 +227,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("02.1", row_count_check, False, ["comes before its <img>", "check the order too"]),
     ("02.1", forward_pairs_check, False, ["nested in another", "before the next <img> opens"]),
     ("02.1", span_length_check, False, ["two overlapping spans", "before the next <img> opens"]),
+    ("02.1", pairs_in_order, False, ["lost 10 of its 256 ids", "check each span's length"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, -1]), False, ["off by one", "</img> themselves"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, 0]), False, ["off by one"]),
     ("02.1", sorted_by_position, False, ["another order"]),
@@ -284,7 +297,9 @@ def test_02_1_is_checked_on_batches_that_fool_weaker_checks():
         "a row whose </img> comes before its <img>",
         "a row with one image span nested in another",
         "a row with two overlapping spans of 256 ids each",
+        nb02.SHORT_SPAN,
     }
+    assert {name for name, batch in nb02._broken_batches() if not raises(pairs_in_order, batch)} == {nb02.SHORT_SPAN}
     assert not raises(
         span_length_check, dict(nb02._broken_batches())["a row with two overlapping spans of 256 ids each"]
     )

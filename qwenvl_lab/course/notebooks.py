@@ -42,7 +42,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "02", "02_locating_img_pos", "Locating img_pos", True,
-        "`img_pos` `[N, 3]` for a batch, with a `locate_img_pos` of your own", 55, 10,
+        "`img_pos` `[N, 3]` for a batch, with a `locate_img_pos` of your own", 35, 15,
     ),
     Notebook(
         "03", "03_fake_prompt_ids", "Fake prompt ids", True,
