@@ -72,6 +72,10 @@ NOTEBOOKS = (
         "09", "09_the_visual_vocabulary_today", "The visual vocabulary today", False,
         "the same picture through today's engines' placeholder ids, bit for bit", 85, 10,
     ),
+    Notebook(
+        "10", "10_batching_in_the_two_runtimes", "Batching in the two runtimes", False,
+        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 70, 25,
+    ),
 )  # fmt: skip
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}
 EXERCISES_DIR = Path(__file__).parent / "exercises"
