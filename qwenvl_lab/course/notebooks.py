@@ -76,6 +76,10 @@ NOTEBOOKS = (
         "10", "10_batching_in_the_two_runtimes", "Batching in the two runtimes", False,
         "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 70, 25,
     ),
+    Notebook(
+        "11", "11_sampling_chat_and_grounding", "Sampling, chat and grounding", False,
+        "what run.py samples with, `top_p` and temperature, beams, stop words, a streamed chat, boxes", 55, 30,
+    ),
 )  # fmt: skip
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}
 EXERCISES_DIR = Path(__file__).parent / "exercises"
