@@ -4,6 +4,7 @@ that names the mistake and does not give the answer away."""
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -112,10 +113,17 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("10.4", [0] * 287 + [1] * 288, False, ["575 values"]),
     ("10.4", [1] * 287 + [0] * 289, False, ["batch position"]),
     ("10.4", "0,1", False, ["a list of ints"]),
+    ("10.4", np.repeat([0, 1], [287, 289]), True, ()),
+    ("10.4", [float(t) for t in [0] * 287 + [1] * 289], False, ["list of ints"]),
+    ("10.4", 576, False, ["list of ints"]),
     ("10.5", [0, 0, 0, 1], True, ()),
     ("10.5", [0, 1], False, ["every beam"]),
     ("10.5", [0, 1, 1, 1], False, ["one token per beam"]),
     ("10.5", None, False, ["not attempted yet"]),
+    ("10.5", torch.tensor([0, 0, 0, 1]), True, ()),
+    ("10.5", [0, 0, 1], False, ["one token per beam"]),
+    ("10.5", ["a", "b"], False, ["list of ints"]),
+    ("10.5", "0001", False, ["list of ints"]),
     ("10.6", Eager(two_requests, "one call, python session"), True, ()),
     ("10.6", Eager(lambda c: {"output_ids": two_requests(c)}, "return_dict"), True, ()),
     (

@@ -80,6 +80,10 @@ NOTEBOOKS = (
         "11", "11_sampling_chat_and_grounding", "Sampling, chat and grounding", False,
         "what run.py samples with, `top_p` and temperature, beams, stop words, a streamed chat, boxes", 55, 30,
     ),
+    Notebook(
+        "12", "12_the_tensorrt_paths", "The TensorRT paths", False,
+        "TensorRT-LLM in 2026; ONNX and the vision plan, the checkpoint and tensor parallelism, `trtllm-build`", 30, 25,
+    ),
 )  # fmt: skip
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}
 EXERCISES_DIR = Path(__file__).parent / "exercises"
