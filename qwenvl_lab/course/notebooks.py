@@ -46,7 +46,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "03", "03_fake_prompt_ids", "Fake prompt ids", True,
-        "fake ids from 151936 in every span, written by you", 60, 15,
+        "fake ids from 151936 in every span, written by you; a batch numbered run.py's way", 35, 20,
     ),
     Notebook(
         "04", "04_prompt_table", "The prompt table", True,
