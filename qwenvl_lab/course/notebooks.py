@@ -50,7 +50,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "04", "04_prompt_table", "The prompt table", True,
-        "the lookup with `tasks` by hand, `input_vit`, `ptuning_setup`; the picture through the table", 85, 15,
+        "the lookup with `tasks` by hand on ten ids, then `input_vit`, `ptuning_setup` and the real vocabulary", 40, 30,
     ),
     Notebook(
         "05", "05_building_the_engine", "Building the engine", True,
