@@ -54,7 +54,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "05", "05_building_the_engine", "Building the engine", True,
-        "build limits, the engine's prompt-table inputs, what it refuses", 85, 20,
+        "build limits, the engine's prompt-table inputs, what it refuses; TensorRT-LLM in 2026", 35, 35,
     ),
     Notebook(
         "06", "06_generating_text", "Generating text", True,
