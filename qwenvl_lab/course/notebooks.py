@@ -58,7 +58,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "06", "06_generating_text", "Generating text", True,
-        "`generate_for_qwenvl`, greedy decoding by hand; the capstone: the whole pipeline", 120, 20,
+        "`generate_for_qwenvl`, the answer cut and decoded, greedy decoding by hand; the capstone: the whole pipeline", 45, 45,
     ),
     Notebook(
         "07", "07_performance_and_fact_check", "Performance and fact check", False,
