@@ -11,6 +11,7 @@ import pytest
 from conftest import pythonpath
 
 from qwenvl_lab.course import lab
+from qwenvl_lab.course.notebooks import NOTEBOOKS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -254,3 +255,42 @@ def test_a_reset_of_an_untouched_copy_makes_no_backup_though_the_copy_differs_fr
     lab.copy_course_notebooks(course, mine)
     assert (mine / "01_x.ipynb").read_bytes() != (course / "01_x.ipynb").read_bytes()
     assert lab.reset_notebook(course, mine, "01")[1] is None
+
+
+QUESTION = "**Predict, then run.**"
+REWRITTEN_ELSEWHERE = {"07", "08", "09"}  # the deep dives the other rewrite of issue #40 tags (item 4)
+
+
+def prediction_groups(cells):
+    """(question cell, the code cells after it up to the next markdown, the markdown cell after them) per question."""
+    groups = []
+    for k, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown" and QUESTION in "".join(cell["source"]):
+            end = next((j for j in range(k + 1, len(cells)) if cells[j]["cell_type"] == "markdown"), len(cells))
+            groups.append((cell, cells[k + 1 : end], cells[end] if end < len(cells) else None))
+    return groups
+
+
+@pytest.mark.parametrize("n", NOTEBOOKS, ids=lambda n: n.number)
+def test_every_prediction_is_tagged_and_its_answer_is_hidden_in_the_copy(n):
+    """A question's cells are tagged `predict` and the explanation after them `answer`; in the learner's copy they show
+    no output and the explanation is collapsed; no widget shows as text."""
+    if n.number in REWRITTEN_ELSEWHERE:
+        pytest.skip("tagged by the deep dives' rewrite")
+    path = REPO / "notebooks" / n.file
+    course = json.loads(path.read_text())["cells"]
+    tagged = [c for c in course if lab.PREDICT_TAG in c["metadata"].get("tags", [])]
+    groups = prediction_groups(course)
+    assert sum(len(code) for _, code, _ in groups) == len(tagged), "a predict cell outside a question's group"
+    for question, code, answer in groups:
+        where = "".join(question["source"])[:60]
+        assert code and all(lab.PREDICT_TAG in c["metadata"].get("tags", []) for c in code), where
+        assert answer is not None and lab.ANSWER_TAG in answer["metadata"].get("tags", []), where
+    copy = json.loads(lab.learner_copy(path))["cells"]
+    for original, copied in zip(course, copy):
+        if lab.PREDICT_TAG in original["metadata"].get("tags", []):
+            assert copied["outputs"] == [] and copied["execution_count"] is None
+        if lab.ANSWER_TAG in original["metadata"].get("tags", []):
+            assert copied["metadata"]["jupyter"]["source_hidden"] is True
+        shown = json.dumps(copied.get("outputs", []))
+        assert "VBox(children" not in shown and lab.WIDGET_VIEW not in shown

@@ -35,7 +35,7 @@ class Notebook:
 
 
 NOTEBOOKS = (
-    Notebook("00", "00_welcome", "Welcome", True, "the map of the pipeline with real shapes; check your setup", 20, 15),
+    Notebook("00", "00_welcome", "Welcome", True, "the map of the pipeline with real shapes; check your setup", 15, 30),
     Notebook(
         "01", "01_tokenizing", "Tokenizing", True,
         "`from_list_format`, chatml, the special tokens, a picture's 256-id span", 35, 10,
