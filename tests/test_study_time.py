@@ -96,6 +96,13 @@ def test_the_readme_the_workshop_plan_and_the_notebooks_quote_the_notebook_list(
     readme = quoted((REPO / "README.md").read_text(), r"^\| \[(\d\d) · ")
     workshop = quoted((REPO / "docs" / "workshop.md").read_text(), r"^\| (\d\d) · [^|]+\| \d")
     assert readme == {n.number: (n.run_seconds, n.minutes) for n in NOTEBOOKS}
+    core = sum(n.minutes for n in NOTEBOOKS if n.core)
+    for name, text in (
+        ("README.md", (REPO / "README.md").read_text()),
+        ("workshop.md", (REPO / "docs" / "workshop.md").read_text()),
+    ):
+        totals = {int(m) for m in re.findall(r"(\d+) minutes of study in all", text)}
+        assert totals == {core}, f"{name} quotes the core path's total as {totals}; the notebook list sums to {core}"
     assert {k: v[-1] for k, v in workshop.items()} == {n.number: n.minutes for n in NOTEBOOKS}
     for n in NOTEBOOKS:
         cells = json.loads((REPO / "notebooks" / n.file).read_text())["cells"]
