@@ -93,6 +93,22 @@ def f_embedding_lookup(input_ids, vocab_embedding, prompt_table, tasks, task_voc
     return torch.where(fake[..., None], F.embedding(rows, prompt_table), words)
 
 
+def mask_after_v(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
+    """The mask `id > vocab_size`: the id vocab_size itself goes to the word embedding, one row past its end."""
+    fake = input_ids > vocab_size
+    out = vocab_embedding[torch.where(fake, vocab_size - 1, input_ids)]
+    out[fake] = prompt_table[(input_ids - vocab_size + tasks.long()[:, None] * int(task_vocab_size))[fake]]
+    return out
+
+
+def unclamped_words(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
+    """Every id looked up in the word embedding first, fake ids unclamped."""
+    out = vocab_embedding[input_ids]
+    fake = input_ids >= vocab_size
+    out[fake] = prompt_table[(input_ids - vocab_size + tasks.long()[:, None] * int(task_vocab_size))[fake]]
+    return out
+
+
 def token_loop_lookup(input_ids, vocab_embedding, prompt_table, tasks, task_vocab_size, vocab_size):
     """A right answer, one token at a time."""
     out = torch.empty(*input_ids.shape, vocab_embedding.shape[1], dtype=vocab_embedding.dtype)
@@ -249,6 +265,8 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("03.3", 153216, False, ["after the fifth picture"]),
     ("03.3", 152448, False, ["recount"]),  # the third picture's, which section 4's table shows
     ("04.1", prompt_tuning_embedding, True, ()),
+    ("04.1", mask_after_v, False, ["indexed past a table", "vocab_size itself"]),
+    ("04.1", unclamped_words, False, ["indexed past a table", "must not index the word embedding"]),
     ("04.1", masked_lookup, True, ()),
     ("04.1", f_embedding_lookup, True, ()),
     ("04.1", token_loop_lookup, True, ()),
@@ -264,7 +282,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("04.1", package_then(zeroes_the_table), False, ["changed one of its inputs"]),
     ("04.1", package_then(lambda out, inputs: out[0]), False, ["[B, L, H]"]),
     ("04.1", package_then(lambda out, inputs: out.double()), False, ["dtype"]),
-    ("04.1", mask_past_v, False, ["raised IndexError"]),
+    ("04.1", mask_past_v, False, ["indexed past a table", "vocab_size itself"]),
     ("04.1", lambda *args: None, False, ["not attempted yet"]),
     ("04.1", "prompt_tuning_embedding", False, ["pass your function"]),
     ("04.2", Blend("blend"), True, ()),

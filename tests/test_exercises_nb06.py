@@ -242,6 +242,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("06.2", Eager(lambda c: end_count(c, -1), "one fewer"), False, ["not yet"]),
     ("06.2", Eager(lambda c: end_count(c, 1), "one more"), False, ["not yet"]),
     ("06.2", 1, False, ["what fills the rest"]),
+    ("06.2", 0, False, ["without skip_special_tokens"]),  # counted in the text decoded with skip_special_tokens
     ("06.2", "18", False, ["answer with an int"]),
     ("06.3", pipeline, True, ()),
     ("06.3", pipeline_vectorised, True, ()),

@@ -171,7 +171,13 @@ def check_prompt_tuning_embedding(my_lookup):
     for case in lookup_cases():
         name, ids, vocab_embedding, table, tasks, task_vocab_size, vocab_size = case
         given = [t.clone() for t in (ids, vocab_embedding, table, tasks, task_vocab_size)]
-        result = my_lookup(*given, vocab_size)
+        try:
+            result = my_lookup(*given, vocab_size)
+        except IndexError as err:
+            return (
+                f"your function indexed past a table ({name}: {err}): the first fake id is vocab_size itself "
+                "(id ≥ vocab_size), and fake ids must not index the word embedding (clamp them, or mask first)"
+            )
         if result is None:
             return NOT_ATTEMPTED
         if not all(torch.equal(g, t) for g, t in zip(given, (ids, vocab_embedding, table, tasks, task_vocab_size))):
