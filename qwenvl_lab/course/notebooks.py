@@ -16,7 +16,7 @@ class Notebook:
     core: bool  # a step of the mechanism (the workshop's day); else a deep dive a learner may take or skip
     about: str  # what a learner does in it, one line
     minutes: int  # study time: `python tools/study_time.py` counts it (tests/test_study_time.py checks it does)
-    run_seconds: int  # a clean top-to-bottom run on the 2-core CPU of docs/workshop.md, kernel start included
+    run_seconds: int  # a clean top-to-bottom run on a 2-core CPU, kernel start included: its CPU time
 
     @property
     def file(self) -> str:
@@ -35,30 +35,30 @@ class Notebook:
 
 
 NOTEBOOKS = (
-    Notebook("00", "00_welcome", "Welcome", True, "the map of the pipeline with real shapes; check your setup", 15, 30),
+    Notebook("00", "00_welcome", "Welcome", True, "the map of the pipeline with real shapes; check your setup", 15, 10),
     Notebook(
         "01", "01_tokenizing", "Tokenizing", True,
         "`from_list_format`, chatml, the special tokens, a picture's 256-id span", 35, 10,
     ),
     Notebook(
         "02", "02_locating_img_pos", "Locating img_pos", True,
-        "`img_pos` `[N, 3]` for a batch, with a `locate_img_pos` of your own", 35, 15,
+        "`img_pos` `[N, 3]` for a batch, with a `locate_img_pos` of your own", 35, 10,
     ),
     Notebook(
         "03", "03_fake_prompt_ids", "Fake prompt ids", True,
-        "fake ids from 151936 in every span, written by you; a batch numbered run.py's way", 35, 20,
+        "fake ids from 151936 in every span, written by you; a batch numbered run.py's way", 35, 10,
     ),
     Notebook(
         "04", "04_prompt_table", "The prompt table", True,
-        "the lookup with `tasks` by hand on ten ids, then `input_vit`, `ptuning_setup` and the real vocabulary", 40, 30,
+        "the lookup with `tasks` by hand on ten ids, then `input_vit`, `ptuning_setup` and the real vocabulary", 40, 15,
     ),
     Notebook(
         "05", "05_building_the_engine", "Building the engine", True,
-        "build limits, the engine's prompt-table inputs, what it refuses; TensorRT-LLM in 2026", 35, 35,
+        "build limits, the engine's prompt-table inputs, what it refuses; TensorRT-LLM in 2026", 35, 10,
     ),
     Notebook(
         "06", "06_generating_text", "Generating text", True,
-        "`generate_for_qwenvl`, the answer cut and decoded, greedy decoding by hand; the capstone: the whole pipeline", 45, 45,
+        "`generate_for_qwenvl`, the answer cut and decoded, greedy decoding by hand; the capstone: the whole pipeline", 45, 15,
     ),
     Notebook(
         "07", "07_performance_and_fact_check", "Performance and fact check", False,
@@ -74,15 +74,15 @@ NOTEBOOKS = (
     ),
     Notebook(
         "10", "10_batching_in_the_two_runtimes", "Batching in the two runtimes", False,
-        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 70, 25,
+        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 70, 15,
     ),
     Notebook(
         "11", "11_sampling_chat_and_grounding", "Sampling, chat and grounding", False,
-        "what run.py samples with, `top_p` and temperature, beams, stop words, a streamed chat, boxes", 55, 30,
+        "what run.py samples with, `top_p` and temperature, beams, stop words, a streamed chat, boxes", 55, 20,
     ),
     Notebook(
         "12", "12_the_tensorrt_paths", "The TensorRT paths", False,
-        "TensorRT-LLM in 2026; ONNX and the vision plan, the checkpoint and tensor parallelism, `trtllm-build`", 30, 25,
+        "TensorRT-LLM in 2026; ONNX and the vision plan, the checkpoint and tensor parallelism, `trtllm-build`", 30, 15,
     ),
 )  # fmt: skip
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}
