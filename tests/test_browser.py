@@ -503,7 +503,7 @@ def drive_self_check(notebook: Notebook, root):
     check = root.get_by_role("button", name="Check", exact=True).first
     check.click()
     html_matching(root, re.compile(r"^pick an option first$")).first.wait_for(timeout=WIDGET_S * 1000)
-    root.locator(".widget-radio-box").first.locator("input[type=radio]").last.check()
+    root.locator(".widget-toggle-buttons").first.locator("button").last.click()
     check.click()
     verdict = html_matching(root, re.compile(r"^\([a-h]\) (right|not quite) — \S"))
     verdict.first.wait_for(timeout=WIDGET_S * 1000)
@@ -677,10 +677,14 @@ def test_every_relative_link_works_from_the_learners_copy(notebook, learner_lab,
         cells = json.loads((REPO / COURSE_FOLDER / notebook).read_text(encoding="utf-8"))["cells"]
         wait_for(lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells), WIDGET_S, f"the cells of {path}")
         written = sum(
-            len(re.findall(r"\]\((?!https?:|#)[^)]+\)", "".join(c["source"])))
+            len(re.findall(r"\]\((?!https?:|#)[^)]+\)", text))
             for c in cells
-            if c["cell_type"] == "markdown"
-        )
+            for text in (
+                ["".join(c["source"])]
+                if c["cell_type"] == "markdown"
+                else ["".join(o.get("data", {}).get("text/markdown", "")) for o in c.get("outputs", [])]
+            )
+        )  # the markdown cells' links, and those of markdown outputs (the welcome's tables of notebooks)
 
         def relative_links():  # JupyterLab resolves a relative link asynchronously, into a /files/… URL
             found = [link for link in page.evaluate(LINKS) if not link["href"].startswith(("#", "https://"))]

@@ -28,7 +28,7 @@ def only_these_notebooks(monkeypatch):
 def test_every_exercise_is_registered_with_its_question():
     exercises._load()
     keys = {k for k in REGISTRY if k[:2] in ("01", "02")}
-    assert keys == {"01.1", "01.2", "01.3", "01.4", "02.1", "02.2", "02.3"}
+    assert keys == {"01.1", "01.2", "01.3", "02.1", "02.2", "02.3"}
     assert all(REGISTRY[k].question.strip() for k in keys)
 
 
@@ -68,8 +68,8 @@ def index_error(path):
 # 02.1: answers
 
 
-def loop_locate(input_ids):
-    """A right answer: the tags paired row by row, in plain Python."""
+def pairs_in_order(input_ids):
+    """The tags paired row by row, in order, in plain Python; no span's length checked (the old solution's rule)."""
     rows = []
     for i, row in enumerate(input_ids.tolist()):
         open_at = None
@@ -88,13 +88,25 @@ def loop_locate(input_ids):
     return torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
 
 
+def loop_locate(input_ids):
+    """A right answer: the tags paired row by row in plain Python, each span's length checked."""
+    img_pos = pairs_in_order(input_ids)
+    if (img_pos[:, 2] - img_pos[:, 1] - 1 != IMG_TOKEN_SPAN).any():
+        raise ValueError("a span does not hold 256 ids")
+    return img_pos
+
+
 def depth_locate(input_ids):
-    """A right answer, vectorised: the number of open spans along each row must stay 0 or 1 and end at 0."""
+    """A right answer, vectorised: the number of open spans along each row must stay 0 or 1 and end at 0, and every
+    span holds 256 ids."""
     starts, ends = input_ids == IMAGE_START_ID, input_ids == IMAGE_END_ID
     depth = starts.long().cumsum(1) - ends.long().cumsum(1)  # [B, L]
     if (depth < 0).any() or (depth > 1).any() or (depth[:, -1] != 0).any():
         raise ValueError("image tags do not pair up within a row")
-    return torch.cat([torch.nonzero(starts), torch.nonzero(ends)[:, 1:]], dim=1).int()
+    img_pos = torch.cat([torch.nonzero(starts), torch.nonzero(ends)[:, 1:]], dim=1).int()
+    if (img_pos[:, 2] - img_pos[:, 1] != IMG_TOKEN_SPAN + 1).any():
+        raise ValueError("a span does not hold 256 ids")
+    return img_pos
 
 
 def three_lines(input_ids):
@@ -146,12 +158,7 @@ TOKENIZER = load_tokenizer()
 PAIR_IDS = make_context(TOKENIZER, TOKENIZER.from_list_format([{"image": p} for p in nb01.PAIR] + [{"text": "哪张?"}]))[
     1
 ]
-PAIR_LENGTH = len(
-    make_context(
-        TOKENIZER, TOKENIZER.from_list_format([{"image": p} for p in nb01.PAIR] + [{"text": nb01.PAIR_QUESTION}])
-    )[1]
-)
-PAIR_CONTEXT = nb01._pair_context()[2]  # the context 01.4 is checked on
+PAIR_CONTEXT = nb01._pair_context()[2]  # the context 01.3 is checked on
 PAIR_STARTS = [k for k, i in enumerate(PAIR_CONTEXT) if i == IMAGE_START_ID]
 PAIR_ENDS = [k for k, i in enumerate(PAIR_CONTEXT) if i == IMAGE_END_ID]
 RIGHT_PADDED = locate_img_pos(nb02.padded(nb02.THREE_CHATS, "right"))
@@ -160,9 +167,8 @@ FEATURE_ROWS = sum(len(p) for p, _ in nb02.THREE_CHATS) * IMG_TOKEN_SPAN
 CHINESE_MAX = QWEN_VL_PATH_BYTES // 3
 SECRETS = {  # what a hint to a wrong answer must not show
     "01.1": [str(TOKENIZER.encode_image_span(p)[1:-1]) for p in nb01.SPAN_PATHS],
-    "01.2": [str(PAIR_LENGTH)],
-    "01.3": [str(CHINESE_MAX)],
-    "01.4": [str(IMG_TOKEN_SPAN + 1)],
+    "01.2": [str(CHINESE_MAX)],
+    "01.3": [str(IMG_TOKEN_SPAN + 1)],
     "02.1": [str(LEFT_PADDED.tolist())],
     "02.2": [str(RIGHT_PADDED.tolist())],
     "02.3": [str(FEATURE_ROWS)],
@@ -194,31 +200,25 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
         ["raise ValueError", "raised KeyError"],
     ),
     ("01.1", span_of("a"), False, ["the function itself"]),
-    ("01.2", PAIR_LENGTH, True, ()),
-    ("01.2", PAIR_LENGTH - 2 * (IMG_TOKEN_SPAN + 2), False, ["too few"]),
-    ("01.2", PAIR_LENGTH + 1, False, ["too many"]),
-    ("01.2", PAIR_LENGTH - 1, False, ["too few"]),
-    ("01.2", str(PAIR_LENGTH), False, ["an int"]),
-    ("01.2", True, False, ["an int"]),
-    ("01.3", CHINESE_MAX, True, ()),
-    ("01.3", IMG_TOKEN_SPAN // 3, False, ["reads the span without its last id"]),
-    ("01.3", IMG_TOKEN_SPAN // 3 + 1, False, ["too many"]),
-    ("01.3", CHINESE_MAX - 1, False, ["too few"]),
-    ("01.3", QWEN_VL_PATH_BYTES, False, ["number of bytes"]),
-    ("01.3", IMG_TOKEN_SPAN, False, ["number of bytes"]),
-    ("01.3", 0, False, ["at least one"]),
-    ("01.3", float(CHINESE_MAX), False, ["an int"]),
-    ("01.4", lambda a: a + IMG_TOKEN_SPAN + 1, True, ()),
-    ("01.4", lambda a: torch.tensor(a) + torch.tensor(IMG_TOKEN_SPAN + 1), True, ()),
-    ("01.4", lambda a: a + IMG_TOKEN_SPAN, False, ["too early"]),
-    ("01.4", lambda a: a + IMG_TOKEN_SPAN + 2, False, ["too far"]),
-    ("01.4", lambda a: 276, False, ["count the ids between the tags"]),
-    ("01.4", lambda a: dict(zip(PAIR_STARTS, PAIR_ENDS))[a], False, ["write it from a alone", "fixed length"]),
-    ("01.4", lambda a: PAIR_CONTEXT.index(IMAGE_END_ID, a), False, ["write it from a alone", "fixed length"]),
-    ("01.4", lambda a: a + IMG_TOKEN_SPAN + 1 if a < 500 else None, False, ["a = 1000", "from a alone"]),
-    ("01.4", lambda a: None, False, ["not attempted yet"]),
-    ("01.4", lambda a: float(a + IMG_TOKEN_SPAN + 1), False, ["an int"]),
-    ("01.4", 276, False, ["the function itself"]),
+    ("01.2", CHINESE_MAX, True, ()),
+    ("01.2", IMG_TOKEN_SPAN // 3, False, ["reads the span without its last id"]),
+    ("01.2", IMG_TOKEN_SPAN // 3 + 1, False, ["too many"]),
+    ("01.2", CHINESE_MAX - 1, False, ["too few"]),
+    ("01.2", QWEN_VL_PATH_BYTES, False, ["number of bytes"]),
+    ("01.2", IMG_TOKEN_SPAN, False, ["number of bytes"]),
+    ("01.2", 0, False, ["at least one"]),
+    ("01.2", float(CHINESE_MAX), False, ["an int"]),
+    ("01.3", lambda a: a + IMG_TOKEN_SPAN + 1, True, ()),
+    ("01.3", lambda a: torch.tensor(a) + torch.tensor(IMG_TOKEN_SPAN + 1), True, ()),
+    ("01.3", lambda a: a + IMG_TOKEN_SPAN, False, ["too early"]),
+    ("01.3", lambda a: a + IMG_TOKEN_SPAN + 2, False, ["too far"]),
+    ("01.3", lambda a: 276, False, ["count the ids between the tags"]),
+    ("01.3", lambda a: dict(zip(PAIR_STARTS, PAIR_ENDS))[a], False, ["write it from a alone", "fixed length"]),
+    ("01.3", lambda a: PAIR_CONTEXT.index(IMAGE_END_ID, a), False, ["write it from a alone", "fixed length"]),
+    ("01.3", lambda a: a + IMG_TOKEN_SPAN + 1 if a < 500 else None, False, ["a = 1000", "from a alone"]),
+    ("01.3", lambda a: None, False, ["not attempted yet"]),
+    ("01.3", lambda a: float(a + IMG_TOKEN_SPAN + 1), False, ["an int"]),
+    ("01.3", 276, False, ["the function itself"]),
     ("02.1", locate_img_pos, True, ()),
     ("02.1", loop_locate, True, ()),
     ("02.1", depth_locate, True, ()),
@@ -227,6 +227,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("02.1", row_count_check, False, ["comes before its <img>", "check the order too"]),
     ("02.1", forward_pairs_check, False, ["nested in another", "before the next <img> opens"]),
     ("02.1", span_length_check, False, ["two overlapping spans", "before the next <img> opens"]),
+    ("02.1", pairs_in_order, False, ["lost 10 of its 256 ids", "check each span's length"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, -1]), False, ["off by one", "</img> themselves"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, 0]), False, ["off by one"]),
     ("02.1", sorted_by_position, False, ["another order"]),
@@ -296,7 +297,9 @@ def test_02_1_is_checked_on_batches_that_fool_weaker_checks():
         "a row whose </img> comes before its <img>",
         "a row with one image span nested in another",
         "a row with two overlapping spans of 256 ids each",
+        nb02.SHORT_SPAN,
     }
+    assert {name for name, batch in nb02._broken_batches() if not raises(pairs_in_order, batch)} == {nb02.SHORT_SPAN}
     assert not raises(
         span_length_check, dict(nb02._broken_batches())["a row with two overlapping spans of 256 ids each"]
     )

@@ -1,16 +1,16 @@
-"""Notebook 05's exercise checks: right answers written in several ways pass, and the plausible wrong ones get a hint
-that does not give the answer away."""
+"""Notebook 05's exercise checks: right answers written in several ways pass, and the plausible wrong ones (one
+request's share of the table, the prompt alone for max_seq_len, limits larger than needed) get a hint that names the
+mistake and does not give the answer away."""
 
-from pathlib import Path
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
 from qwenvl_lab.course import exercises
-from qwenvl_lab.course.exercises import check
+from qwenvl_lab.course.exercises import check, nb05
 from qwenvl_lab.engine import BuildConfig
-from qwenvl_lab.trtllm.build_command import trtllm_build_command
 
 
 @pytest.fixture(autouse=True)
@@ -19,50 +19,14 @@ def only_notebook_05(monkeypatch):
     monkeypatch.setattr(exercises, "NOTEBOOK_MODULES", ("nb05",))
 
 
-def command(images=2, output="my_engine", checkpoint=Path("work") / "trtllm_checkpoint", **limits):
-    """trtllm_build_command for exercise 05.2's engine, with some of its limits changed."""
-    config = {
-        "max_batch_size": 4,
-        "max_input_len": 1024,
-        "max_seq_len": 2048,
-        "max_prompt_embedding_table_size": 2048,
-        "dtype": "float16",
-    } | limits
-    return trtllm_build_command(checkpoint, output, BuildConfig(**config), images)
+RIGHT = BuildConfig(max_batch_size=2, max_input_len=900, max_seq_len=1000, max_prompt_embedding_table_size=1536)
 
 
-def changed(flag, value=None):
-    """Exercise 05.2's right command with one flag's value changed, or the flag left out (value None)."""
-    parts = command()
-    at = parts.index(flag)
-    if value is None:
-        del parts[at : at + 2]
-    else:
-        parts[at + 1] = value
-    return parts
+def changed(**limits):
+    """Exercise 05.2's right BuildConfig with some limits changed."""
+    return dataclasses.replace(RIGHT, **limits)
 
 
-def reordered():
-    """Exercise 05.2's right command with its flag and value pairs in reverse order."""
-    parts = command(output=Path("work") / "my_engine")
-    pairs = list(zip(parts[1::2], parts[2::2]))[::-1]
-    return ["trtllm-build"] + [str(part) for pair in pairs for part in pair]
-
-
-def by_hand():
-    """A hand-written list with the question's limits, but no checkpoint, attention plugin or packed input."""
-    flags = {
-        "--output_dir": "/tmp/not_my_engine",
-        "--gemm_plugin": "float16",
-        "--max_batch_size": "4",
-        "--max_input_len": "1024",
-        "--max_seq_len": "2048",
-        "--max_prompt_embedding_table_size": "2048",
-    }
-    return ["trtllm-build"] + [part for pair in flags.items() for part in pair]
-
-
-PACKED = [0] * 287 + [1] * 289
 CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("05.1", 3072, True, ()),  # 256 rows × 3 pictures × 4 requests
     ("05.1", np.int64(3072), True, ()),
@@ -74,50 +38,25 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("05.1", True, False, ["an int"]),
     ("05.1", 4096, False, ["more rows than needed"]),  # a valid engine, but not the smallest
     ("05.1", 6144, False, ["more rows than needed"]),
-    ("05.2", command(), True, ()),
-    ("05.2", tuple(command(output="/tmp/work/my_engine", checkpoint="/elsewhere/trtllm_checkpoint")), True, ()),
-    ("05.2", reordered(), True, ()),  # the same flags in another order: trtllm-build reads them by name
-    ("05.2", command(max_seq_len=3072), False, ["--max_seq_len"]),
-    ("05.2", command(dtype="float32"), False, ["--gemm_plugin"]),
-    ("05.2", command(max_beam_width=3), False, ["--max_beam_width"]),
-    ("05.2", command(images=1, max_prompt_embedding_table_size=1024), False, ["too few rows"]),
-    ("05.2", command(images=3, max_prompt_embedding_table_size=3072, max_input_len=1024), False, ["more rows than"]),
-    ("05.2", changed("--max_prompt_embedding_table_size"), False, ["too few rows"]),
-    ("05.2", changed("--output_dir", "engine"), False, ["my_engine"]),
-    ("05.2", changed("--output_dir", "/tmp/not_my_engine"), False, ["my_engine"]),
-    ("05.2", command(checkpoint="/tmp/wrong_ckpt"), False, ["trt_checkpoint", "--checkpoint_dir"]),
-    ("05.2", changed("--checkpoint_dir"), False, ["--checkpoint_dir"]),
-    ("05.2", by_hand(), False, ["--checkpoint_dir"]),
-    ("05.2", by_hand()[:1] + ["--checkpoint_dir", "trtllm_checkpoint"] + by_hand()[1:], False, ["my_engine"]),
-    ("05.2", changed("--gpt_attention_plugin"), False, ["leaves out --gpt_attention_plugin"]),
-    ("05.2", changed("--remove_input_padding"), False, ["leaves out --remove_input_padding"]),
-    ("05.2", changed("--remove_input_padding", "disable"), False, ["--remove_input_padding differ"]),
-    ("05.2", changed("--gpt_attention_plugin", "float32"), False, ["--gpt_attention_plugin differ"]),
-    ("05.2", command() + ["--max_beam_width", "1"], False, ["each flag once"]),
-    ("05.2", " ".join(command()), False, ["list of strings"]),
-    ("05.2", command()[1:], False, ["whole list"]),
-    ("05.3", "transformer.layers.1.mlp.fc.weight", True, ()),
-    ("05.3", "transformer.layers.1.mlp.gate.weight", False, ["w1 goes"]),
-    ("05.3", "transformer.h.1.mlp.fc.weight", False, ["transformer.layers.N"]),
-    ("05.3", "transformer.layers.1.mlp.w2.weight", False, ["the MLP input"]),
-    ("05.3", "transformer.layers.2.mlp.fc.weight", False, ["the MLP input"]),
-    ("05.4", PACKED, True, ()),
-    ("05.4", torch.tensor(PACKED, dtype=torch.int32), True, ()),
-    ("05.4", np.repeat([0, 1], [287, 289]), True, ()),
-    ("05.4", [0, 1], False, ["one per token"]),
-    ("05.4", [0] * 287 + [1] * 288, False, ["576 tokens"]),
-    ("05.4", [1] * 287 + [0] * 289, False, ["batch position"]),
-    ("05.4", [float(t) for t in PACKED], False, ["list of ints"]),
-    ("05.4", 576, False, ["list of ints"]),
-    ("05.5", [0, 0, 0, 1], True, ()),
-    ("05.5", torch.tensor([0, 0, 0, 1]), True, ()),
-    ("05.5", [0, 1], False, ["every beam"]),
-    ("05.5", [0, 1, 1, 1], False, ["one token per beam"]),
-    ("05.5", [0, 0, 1], False, ["one token per beam"]),
-    ("05.5", ["a", "b"], False, ["list of ints"]),
-    ("05.5", "0001", False, ["list of ints"]),
+    ("05.2", RIGHT, True, ()),
+    ("05.2", BuildConfig(2, 900, 1000, 256 * 3 * 2, "float32", 1), True, ()),
+    ("05.2", changed(max_batch_size=3, max_prompt_embedding_table_size=2304), False, ["requests the engine answers"]),
+    ("05.2", changed(max_prompt_embedding_table_size=768), False, ["one request's pictures", "every request"]),
+    ("05.2", changed(max_prompt_embedding_table_size=512), False, ["one picture per request"]),
+    ("05.2", changed(max_prompt_embedding_table_size=0), False, ["cannot see a picture"]),
+    ("05.2", changed(max_prompt_embedding_table_size=2048), False, ["more rows than needed"]),
+    ("05.2", changed(max_prompt_embedding_table_size=1024), False, ["too few rows"]),
+    ("05.2", changed(max_input_len=1000), False, ["max_input_len", "nothing more"]),
+    ("05.2", changed(max_input_len=800), False, ["max_input_len", "longest prompt must fit"]),
+    ("05.2", changed(max_seq_len=900), False, ["prompt and its answer together"]),
+    ("05.2", changed(max_seq_len=2048), False, ["no more"]),
+    ("05.2", changed(max_seq_len=999), False, ["longest prompt plus the longest answer"]),
+    ("05.2", changed(dtype="float16"), False, ["float32"]),
+    ("05.2", changed(max_beam_width=3), False, ["one beam"]),
+    ("05.2", dataclasses.asdict(RIGHT), False, ["BuildConfig(…)"]),
+    ("05.2", 1536, False, ["BuildConfig(…)"]),
 ]
-SECRETS = {"05.1": ["3072"], "05.2": [], "05.3": ["mlp.fc"], "05.4": [], "05.5": ["0, 0, 0, 1"]}
+SECRETS = {"05.1": ["3072"], "05.2": ["1536", "1000"]}
 
 
 @pytest.mark.parametrize("key, answer, ok, words", CASES, ids=[f"{c[0]}-{n}" for n, c in enumerate(CASES)])
@@ -125,6 +64,11 @@ def test_the_check_accepts_right_answers_and_hints_at_wrong_ones(key, answer, ok
     assert_verdict(check(key, answer), ok, words, SECRETS[key])
 
 
+def test_the_service_fits_the_smallest_engine():
+    """05.2's answer is what the package computes: the service's prompts (3 pictures of 258 ids) fit its max_input_len."""
+    assert nb05.service_build() == RIGHT and 3 * 258 < RIGHT.max_input_len
+
+
 def test_untouched_answers_are_not_attempted():
-    for key in ("05.1", "05.2", "05.3", "05.4", "05.5"):
+    for key in ("05.1", "05.2"):
         assert str(check(key, None)) == f"exercise {key}: not attempted yet — replace None with your answer"

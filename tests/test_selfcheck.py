@@ -1,6 +1,7 @@
 """The end-of-notebook self-checks: every bank is well formed, answers are graded with the option's explanation, and
 the widget and the plain text show the same questions."""
 
+import ast
 import json
 import sys
 import types
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_lab.course.exercises import selfcheck
+import qwenvl_lab.course.exercises as exercises
+from qwenvl_lab.course.exercises import check, selfcheck
 from qwenvl_lab.course.exercises.selfcheck import Question, right, wrong
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,18 +132,30 @@ def test_the_widget_grades_the_picked_option(sample_bank):
     ipywidgets = pytest.importorskip("ipywidgets")
     view = selfcheck.show("99")
     assert isinstance(view, ipywidgets.VBox) and len(view.children) == 2
-    prompt, options, row = view.children[0].children
-    button, verdict = row.children
+    prompt, row, verdict = view.children[0].children
+    letters, button = row.children
     assert "<code>" not in prompt.value and "<code>&lt;img&gt;</code>" in view.children[1].children[0].value
-    assert [label for label, _ in options.options] == ["(a) 256", "(b) 258", "(c) it depends on the path"]
+    assert [label for label, _ in letters.options] == ["(a)", "(b)", "(c)"]
+    assert "(a) 256" in prompt.value and "(c) it depends on the path" in prompt.value
     button.click()
     assert verdict.value == "pick an option first"
-    options.value = "a"
+    letters.value = "a"
     button.click()
     assert "not quite" in verdict.value and "#c25e00" in verdict.value
-    options.value = "b"
+    letters.value = "b"
     button.click()
     assert "right — &lt;img&gt;, 256 ids" in verdict.value and "#2b8a3e" in verdict.value
+
+
+@pytest.mark.parametrize("notebook", selfcheck.notebooks())
+def test_the_widget_shows_every_option_as_markdown(notebook):
+    """Options and prompts are rendered (`code` as code), never shown with their raw backticks."""
+    pytest.importorskip("ipywidgets")
+    for box, question in zip(selfcheck.show(notebook).children, selfcheck.questions(notebook)):
+        shown = box.children[0].value
+        assert "`" not in shown, shown
+        for choice in question.choices:
+            assert selfcheck.inline_html(choice.text) in shown
 
 
 def test_notebooks_01_to_06_have_a_self_check_and_show_it():
@@ -150,3 +164,25 @@ def test_notebooks_01_to_06_have_a_self_check_and_show_it():
         path = next(REPO.glob(f"notebooks/{notebook}_*.ipynb"))
         sources = ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]]
         assert any(f'selfcheck.show("{notebook}")' in source for source in sources), path.name
+
+
+def option_values(text: str) -> list:
+    """What an option's text could be given as, as an answer to an exercise: the text, and its Python value."""
+    values = [text, text.strip("`")]
+    try:
+        values.append(ast.literal_eval(text.strip("`")))
+    except (ValueError, SyntaxError):
+        pass
+    return values
+
+
+@pytest.mark.parametrize("notebook", selfcheck.notebooks())
+def test_no_self_check_offers_an_exercises_answer(notebook):
+    """A self-check must not hand over the answer of one of its notebook's exercises among its options."""
+    exercises._load()
+    keys = [key for key in exercises.REGISTRY if key.startswith(f"{notebook}.")]
+    for question in selfcheck.questions(notebook):
+        for choice in question.choices:
+            for value in option_values(choice.text):
+                for key in keys:
+                    assert not check(key, value), f"{notebook}'s self-check offers {choice.text!r}, the answer to {key}"

@@ -67,19 +67,45 @@ def test_minutes_are_rounded_to_five(minutes, rounded):
     assert time.rounded == rounded
 
 
-def quoted_minutes(text: str, row: str) -> dict[str, int]:
-    """Notebook number → the study minutes a table of `text` quotes (rows matching `row`, minutes last)."""
-    return {m.group(1): int(m.group(2)) for m in re.finditer(row + r".*\| (\d+) min \|\s*$", text, re.MULTILINE)}
+def quoted(text: str, row: str) -> dict[str, tuple]:
+    """Notebook number → the numbers a table row of `text` quotes (rows matching `row`, which captures the number)."""
+    return {
+        m.group(1): tuple(int(x) for x in re.findall(r"\| (\d+) (?:min|s) (?=\|)", m.group(0)))
+        for m in re.finditer(row + r".*$", text, re.MULTILINE)
+    }
 
 
-def test_the_readme_and_the_workshop_plan_quote_the_counted_times():
-    readme = quoted_minutes((REPO / "README.md").read_text(), r"^\| \[(\d\d) · ")
-    workshop = quoted_minutes((REPO / "docs" / "workshop.md").read_text(), r"^\| (\d\d) · [^|]+\| \d")
-    assert readme == workshop and sorted(readme) == sorted(n.number for n in NOTEBOOKS)
+CLOSING = re.compile(r"This notebook takes about (\d+) minutes of study and runs in about (\d+) s\.")
+
+
+def test_the_notebook_list_holds_the_counted_times():
+    """Every notebook's study time in qwenvl_lab/course/notebooks.py is what tools/study_time.py counts."""
     having = set(selfcheck.notebooks())
-    for number in readme:
-        notebook = next((REPO / "notebooks").glob(f"{number}_*.ipynb"))
-        questions = len(selfcheck.questions(number)) if number in having else 0
-        assert st.study_time(notebook, questions).rounded == readme[number], (
-            f"notebook {number}: `python tools/study_time.py` counts another time than the README quotes"
+    for n in NOTEBOOKS:
+        questions = len(selfcheck.questions(n.number)) if n.number in having else 0
+        counted = st.study_time(REPO / "notebooks" / n.file, questions).rounded
+        assert counted == n.minutes, (
+            f"notebook {n.number}: study_time.py counts {counted} min, notebooks.py says {n.minutes}"
         )
+
+
+def test_the_readme_the_workshop_plan_and_the_notebooks_quote_the_notebook_list():
+    """The one source of study and run times is the notebook list: the README's table (run time, study time), the
+    workshop plan's counts and each notebook's closing line quote it."""
+    readme = quoted((REPO / "README.md").read_text(), r"^\| \[(\d\d) · ")
+    workshop = quoted((REPO / "docs" / "workshop.md").read_text(), r"^\| (\d\d) · [^|]+\| \d")
+    assert readme == {n.number: (n.run_seconds, n.minutes) for n in NOTEBOOKS}
+    core = sum(n.minutes for n in NOTEBOOKS if n.core)
+    for name, text in (
+        ("README.md", (REPO / "README.md").read_text()),
+        ("workshop.md", (REPO / "docs" / "workshop.md").read_text()),
+    ):
+        totals = {int(m) for m in re.findall(r"(\d+) minutes of study in all", text)}
+        assert totals == {core}, f"{name} quotes the core path's total as {totals}; the notebook list sums to {core}"
+    assert {k: v[-1] for k, v in workshop.items()} == {n.number: n.minutes for n in NOTEBOOKS}
+    for n in NOTEBOOKS:
+        cells = json.loads((REPO / "notebooks" / n.file).read_text())["cells"]
+        said = {
+            m.groups() for c in cells if c["cell_type"] == "markdown" for m in CLOSING.finditer("".join(c["source"]))
+        }
+        assert said <= {(str(n.minutes), str(n.run_seconds))}, f"notebook {n.number} says {said}"

@@ -19,6 +19,7 @@ from qwenvl_lab.course.widgets import (
     UPLOADED,
     PanelResult,
     TokenView,
+    answer_html,
     ask_panel,
     ask_panel_result,
     chat_panel,
@@ -48,6 +49,7 @@ from qwenvl_lab.tokenizing import (
     make_context,
 )
 from qwenvl_lab.toy.evaluate import ask
+from qwenvl_lab.toy.shapes import trained_questions
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 widgets = pytest.importorskip("ipywidgets")
@@ -542,3 +544,19 @@ def test_chat_panel_sends_streams_and_clears(toy_chat):
     send.click()
     assert "<box>" in talk.history[-1][1]
     assert transcript.value.count("<img ") == 2  # the thumbnail, and the answer's box drawn on its picture
+
+
+def test_the_ask_panel_says_when_a_question_is_not_one_the_model_was_trained_on():
+    """An untrained question gets the model's words and a note, in the question's language, that it knows only its
+    trained questions (before, 'What is this?' got '一个。' and nothing else); a trained one gets its answer alone."""
+    assert answer_html("What color is the circle?", "Red.") == "<b>answer:</b> Red."
+    assert answer_html("  what is in the PICTURE? ", "A red circle.") == "<b>answer:</b> A red circle."
+    english = answer_html("What is this?", "一个。")
+    assert english.startswith(
+        "<b>answer:</b> 一个。<br><i>The course's model knows only the questions it was trained on"
+    )
+    assert "What is in the picture?" in english and "图片里" not in english.split("<i>")[1]
+    chinese = answer_html("这是什么？", "Red.")
+    assert "只认识训练过的问题" in chinese and "图片里是什么？" in chinese
+    for lang in ("en", "zh"):
+        assert all(answer_html(q, "x") == "<b>answer:</b> x" for q in trained_questions(lang))

@@ -3,6 +3,9 @@
 The course notebooks (notebooks/, with their solutions in notebooks/solutions/) stay pristine: the first start copies
 them into my-notebooks/ (git ignores it), solutions into my-notebooks/solutions/, so every relative link of a copy
 works; later starts copy only notebooks that have no copy yet, and `--reset NAME` restores one copy from the course.
+A learner's copy hides what answers a question before it is tried: a "predict, then run" cell (tagged `predict`)
+comes without its stored output, the explanation after it (tagged `answer`) comes collapsed, and a widget's stored
+output, which reads as `VBox(children=…)` text until its kernel runs, comes cleared.
 JupyterLab opens at the repository's top level on my-notebooks/00_welcome.ipynb; arguments it does not know itself
 (e.g. --ip=0.0.0.0 --port=8888 --no-browser) go to JupyterLab.
 
@@ -13,13 +16,14 @@ server command (JupyterHub's jupyterhub-singleuser, Binder's) in that folder wit
 """
 
 import argparse
+import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..files import sibling_name
 from ..resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
 from .notebooks import NOTEBOOKS
 
@@ -31,6 +35,9 @@ SOLUTIONS_FOLDER = "solutions"  # inside the course folder and inside my-noteboo
 BACKUP_FOLDER = "backup"  # inside my-notebooks/: a learner's copy that --reset replaced
 FIRST_NOTEBOOK = NOTEBOOKS[0].file
 JUPYTER_CONFIG_FOLDER = ".jupyter"  # labconfig/page_config.json: the news-announcement plugin is switched off
+PREDICT_TAG = "predict"  # a code cell whose output answers a "predict, then run" question
+ANSWER_TAG = "answer"  # a markdown cell that explains that output
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # the output of a displayed widget
 
 
 def course_root() -> Path:
@@ -49,15 +56,45 @@ def course_notebooks(course: Path) -> list[Path]:
     return sorted(course.glob("*.ipynb")) + sorted((course / SOLUTIONS_FOLDER).glob("*.ipynb"))
 
 
+def learner_copy(notebook: Path) -> bytes:
+    """The course notebook `notebook` as a learner gets it: each `predict` cell without its output, each `answer`
+    cell collapsed, each widget's output (and the stored widget state) gone; a file that is not a notebook as it is."""
+    data = notebook.read_bytes()
+    try:
+        content = json.loads(data)
+        cells = content["cells"]
+    except (ValueError, KeyError, TypeError):
+        return data
+    for cell in cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        outputs = cell.get("outputs", [])
+        if PREDICT_TAG in tags or any(WIDGET_VIEW in output.get("data", {}) for output in outputs):
+            cell["outputs"], cell["execution_count"] = [], None
+        if ANSWER_TAG in tags:
+            cell["metadata"].setdefault("jupyter", {})["source_hidden"] = True
+    content.get("metadata", {}).pop("widgets", None)
+    return (json.dumps(content, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_copy(notebook: Path, target: Path) -> None:
+    """Write the learner's copy of `notebook` to `target` under a temporary name, then rename it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = sibling_name(target)
+    try:
+        staging.write_bytes(learner_copy(notebook))
+        os.replace(staging, target)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
 def copy_course_notebooks(course: Path, mine: Path) -> list[Path]:
     """Copy every course notebook (solutions included, into mine/solutions/) that has no copy in `mine` yet (an
-    existing copy is never touched); the new copies."""
+    existing copy is never touched), as `learner_copy` makes it; the new copies."""
     copied = []
     for notebook in course_notebooks(course):
         target = mine / notebook.relative_to(course)
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(notebook, target)
+            write_copy(notebook, target)
             copied.append(target)
     return copied
 
@@ -81,14 +118,13 @@ def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | No
     notebook = find_course_notebook(course, name)
     target = mine / notebook.relative_to(course)
     backup = None
-    if target.exists() and target.read_bytes() != notebook.read_bytes():
+    if target.exists() and target.read_bytes() != learner_copy(notebook):
         backup = mine / BACKUP_FOLDER / f"{notebook.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
         if backup.exists():
             raise FileExistsError(f"{backup} already exists; wait a second and reset again")
         backup.parent.mkdir(parents=True, exist_ok=True)
         target.replace(backup)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(notebook, target)
+    write_copy(notebook, target)
     return target, backup
 
 

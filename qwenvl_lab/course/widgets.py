@@ -17,6 +17,7 @@ from ..grounding import boxes_picture, to_list_format
 from ..pictures import load_image
 from ..prompt_table import lookup_rows, table_layout
 from ..tokenizing import IMAGE_PAD_ID, MODEL_VOCAB_SIZE, TOKEN_KINDS
+from ..toy.shapes import is_trained_question, trained_questions
 from .diagrams import figure_png, table_heatmap
 
 # One colour per token kind (tokenizing.TOKEN_KINDS); vocab_pad is red because it should never occur
@@ -368,6 +369,23 @@ UPLOADED = "(the uploaded picture)"  # the dropdown's entry while an upload is t
 NO_PICTURE = "(no new picture)"  # the chat panel's entry for a question without a picture
 
 
+def answer_html(question: str, answer: str) -> str:
+    """What the ask panel shows for `answer` to `question`: the answer, and, for a question the course's model was not
+    trained on, a note in the question's language that it knows only its trained questions (it answers others with
+    words it has seen, often in the other language)."""
+    shown = f"<b>answer:</b> {html.escape(answer)}"
+    if is_trained_question(question):
+        return shown
+    chinese = any("\u4e00" <= c <= "\u9fff" for c in question)
+    examples = " · ".join(html.escape(q) for q in trained_questions("zh" if chinese else "en")[::7])
+    note = (
+        "课程的模型只认识训练过的问题，例如："
+        if chinese
+        else "The course's model knows only the questions it was trained on (data/images/README.md), such as: "
+    )
+    return f"{shown}<br><i>{note}{examples}</i>"
+
+
 def stale_note(what: str) -> str:
     """What the ask panel says in place of a result once its picture or question has changed."""
     return f"<i>the {html.escape(what)} changed: press <b>Ask</b> for an answer about the {html.escape(what)} shown</i>"
@@ -438,7 +456,7 @@ def ask_panel(model, tokenizer, pictures: dict, question: str = "图片里是什
         except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
             answer.value = f"<b>cannot ask:</b> {html.escape(str(err))}"
             return
-        answer.value = f"<b>answer:</b> {html.escape(result.answer)}"
+        answer.value = answer_html(text.value, result.answer)
         ids_view.value = TokenView.of(tokenizer, result.fake_ids).to_html()
         show_png(table, heatmap_png(result.prompt_table, title="this picture's prompt_table"))
 

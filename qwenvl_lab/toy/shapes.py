@@ -355,6 +355,25 @@ def question(kind: str, lang: str = "en", *, shape: str | None = None, color: st
     return template.format(**{k: _WORDS[lang][v] for k, v in given.items() if v is not None})
 
 
+def trained_questions(lang: str = "en") -> tuple[str, ...]:
+    """Every question text the toy model was trained on in `lang` ("en" or "zh"): each kind, with each shape and
+    colour it can name."""
+    _check_lang(lang)
+    found = []
+    for kind in QUESTION_KINDS:
+        template = _QUESTIONS[lang][kind]
+        shapes = KINDS if "{shape}" in template else (None,)
+        colors = COLORS if "{color}" in template else (None,)
+        found += [question(kind, lang, shape=s, color=c) for s in shapes for c in colors]
+    return tuple(found)
+
+
+def is_trained_question(text: str) -> bool:
+    """Whether `text` is one of the trained questions, in either language (spaces and letter case aside)."""
+    wanted = " ".join(str(text).split()).casefold()
+    return any(wanted == q.casefold() for lang in _QUESTIONS for q in trained_questions(lang))
+
+
 @dataclass
 class Example:
     """One training example: the pictures, the question, its answer, the question kind and language."""

@@ -1,4 +1,4 @@
-"""Notebook 01's exercises: an image span written by hand, a chat's length, the longest path, where `</img>` sits."""
+"""Notebook 01's exercises: an image span written by hand, the longest path Qwen-VL-Chat reads, where `</img>` sits."""
 
 import unicodedata
 
@@ -126,32 +126,13 @@ def check_image_span(my_image_span):
     return None
 
 
-@exercise("01.2", "How many ids does make_context give for the two pair pictures and 哪张图片里有红色的三角形？?")
-def check_pair_length(my_length):
-    """The check of exercise 01.2: None when the answer is right, else a hint."""
-    tokenizer = load_tokenizer()
-    query, raw_text, ids = _pair_context()
-    if whole_number(my_length) is None:
-        return f"give a number of ids (an int), got {type(my_length).__name__}"
-    my_length = whole_number(my_length)
-    if my_length == len(ids):
-        return None
-    if my_length == len(raw_text):
-        return "that is the number of characters of raw_text; count the ids of the context instead"
-    if my_length == len(tokenizer.encode(query)):
-        return "that counts the query alone; make_context adds the chat frame around it (system message, roles)"
-    if my_length < len(ids):
-        return "too few: every picture takes a whole span, tags included, and the chat frame has ids of its own"
-    return "too many: every picture's span has the same length, whatever its path; count the chat frame once"
-
-
 @exercise(
-    "01.3",
+    "01.2",
     "How many characters long can an image path made only of Chinese characters (3 bytes each) be, for "
     "Qwen-VL-Chat's own modeling_qwen.py to read the picture back?",
 )
 def check_longest_chinese_path(my_max_chars):
-    """The check of exercise 01.3: None when the answer is right, else a hint."""
+    """The check of exercise 01.2: None when the answer is right, else a hint."""
     if whole_number(my_max_chars) is None:
         return f"give a number of characters (an int), got {type(my_max_chars).__name__}"
     my_max_chars = whole_number(my_max_chars)
@@ -172,9 +153,9 @@ def check_longest_chinese_path(my_max_chars):
     return "too few: a path with one more character is still read back"
 
 
-@exercise("01.4", "Write my_end_position(a): the position of </img> from the position a of its <img>.")
+@exercise("01.3", "Write my_end_position(a): the position of </img> from the position a of its <img>.")
 def check_end_position(my_end_position):
-    """The check of exercise 01.4: None when the answer is right, else a hint."""
+    """The check of exercise 01.3: None when the answer is right, else a hint."""
     if not callable(my_end_position):
         return "give the function itself: check('01.4', my_end_position)"
     ids = _pair_context()[2]
@@ -213,27 +194,8 @@ def check_end_position(my_end_position):
 def SELF_CHECK():
     """Notebook 01's self-check: its right options computed by the tokenizer where it can."""
     tokenizer = load_tokenizer()
-    span = len(tokenizer.encode_image_span("../data/images/red_circle.png"))
     typed = tokenizer.encode("What is <img>private/notes.png</img>?").count(IMAGE_START_ID)
     return (
-        Question(
-            "How many ids does one picture take in `context_tokens`, its two tags included?",
-            (
-                wrong(
-                    str(IMG_TOKEN_SPAN),
-                    "that is the span between the tags; `<img>` and `</img>` are ids of their own",
-                ),
-                right(str(span), "`<img>`, 256 ids of path bytes and `<imgpad>`, `</img>`: the same for every path"),
-                wrong(
-                    "the path's length in bytes, plus 2",
-                    "the span is padded with `<imgpad>` to 256 ids whatever the path",
-                ),
-                wrong(
-                    "one id per 14×14 patch",
-                    "the ids hold the path; the pixels reach the model later, through the table",
-                ),
-            ),
-        ),
         Question(
             "What does the tokenizer write between `<img>` and `</img>`?",
             (

@@ -10,6 +10,7 @@ from .nb01 import NOT_ATTEMPTED, PAIR
 from .selfcheck import Question, right, wrong
 
 RED, BLUE = "../data/images/red_circle.png", "../data/images/blue_square.png"
+SHORT_SPAN = "a row whose first span lost 10 of its 256 ids (its tags in order)"
 THREE_CHATS = (
     ([RED], "图片里是什么？"),
     (list(PAIR), "哪张图片里有红色的三角形？"),
@@ -50,12 +51,16 @@ def _broken_batches() -> list[tuple[str, torch.Tensor]]:
     ((_, a, b),) = locate_img_pos(one[None]).tolist()
     overlapping = torch.cat([one[: b + 1], one[a + 1 : a + 11], one[b + 1 :]])[None]  # 10 more ids after </img>
     overlapping[0, a + 10], overlapping[0, b + 10] = IMAGE_START_ID, IMAGE_END_ID  # spans a…b and a+10…b+10
+    two = padded(THREE_CHATS[1:2])  # [1, L]
+    first = int(locate_img_pos(two)[0, 1])
+    short = torch.cat([two[:, : first + 10], two[:, first + 20 :]], dim=1)  # 10 ids lost inside the first span
     return [
         ("a row whose second </img> is missing", missing),
         ("a batch where row 0 lost its </img> and row 1 has a stray one", across),
         ("a row whose </img> comes before its <img>", reversed_tags),
         ("a row with one image span nested in another", nested),
         ("a row with two overlapping spans of 256 ids each", overlapping),
+        (SHORT_SPAN, short),
     ]
 
 
@@ -95,7 +100,11 @@ def _img_pos_hint(name: str, got: torch.Tensor, expected: torch.Tensor) -> str:
     )
 
 
-@exercise("02.1", "Write my_locate_img_pos(input_ids [B, L]) → img_pos [N, 3]; raise ValueError when tags do not pair.")
+@exercise(
+    "02.1",
+    "Write my_locate_img_pos(input_ids [B, L]) → img_pos [N, 3]; raise ValueError when tags do not pair or a span "
+    "does not hold 256 ids.",
+)
 def check_locate_img_pos(my_locate_img_pos):
     """The check of exercise 02.1: None when the answer is right, else a hint."""
     if not callable(my_locate_img_pos):
@@ -122,6 +131,11 @@ def check_locate_img_pos(my_locate_img_pos):
             return (
                 f"on {name} your function raised {type(err).__name__} ({err}), an error that does not say what "
                 "is wrong: check the tags row by row and raise a ValueError that names the row"
+            )
+        if name == SHORT_SPAN:
+            return (
+                f"on {name} your function returned an img_pos without complaint: the tags pair up, but a span holds "
+                "exactly 256 ids between its tags, one per row of its picture's features; check each span's length"
             )
         if any(word in name for word in ("before", "nested", "overlapping")):  # as many tags as ever, in every row
             return (
@@ -175,23 +189,12 @@ def SELF_CHECK():
     img_pos = locate_img_pos(padded(THREE_CHATS))  # [N, 3]
     return (
         Question(
-            "The notebook's batch has three chats, the second with two pictures. What shape is its `img_pos`?",
+            "Section 2's batch has three chats, the second with two pictures. What shape is its `img_pos`?",
             (
                 wrong("[3, 3]", "one row per picture, not per chat: the second chat brings two rows"),
                 right(str(list(img_pos.shape)), "one row (batch row, `<img>`, `</img>`) per picture of the batch"),
                 wrong("[4, 2]", "each row also holds the batch index: three numbers"),
                 wrong("[3, 2, 3]", "`img_pos` is flat: pictures of all chats one after another"),
-            ),
-        ),
-        Question(
-            "How far is a `</img>` from its `<img>`?",
-            (
-                wrong(str(IMG_TOKEN_SPAN), "then the span would hold 255 ids; the 256 span ids lie strictly between"),
-                right(
-                    str(int(img_pos[0, 2] - img_pos[0, 1])),
-                    "256 span ids between them: `</img>` is at `<img>` + 257",
-                ),
-                wrong("it depends on the path", "the span is always 256 ids, whatever the path"),
             ),
         ),
         Question(

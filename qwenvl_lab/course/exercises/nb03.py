@@ -4,7 +4,6 @@ import torch
 
 from ...fake_ids import make_fake_prompt_ids, replace_image_spans
 from ...img_pos import locate_img_pos
-from ...limits import BuildConfig
 from ...tokenizing import (
     ENDOFTEXT_ID,
     IMAGE_END_ID,
@@ -180,47 +179,23 @@ def check_gap(answer):
     )
 
 
-@exercise(
-    "03.3", "A batch holds 3 pictures in the python-session convention: what is the third picture's first fake id?"
-)
-def check_third_first_id(answer):
+@exercise("03.3", "A batch holds 5 pictures, numbered run.py's way: what is the fifth picture's first fake id?")
+def check_fifth_first_id(answer):
     """Ids increase over all pictures of the batch: picture k starts 256·k past vocab_size."""
-    ids = make_fake_prompt_ids(MODEL_VOCAB_SIZE, 3)  # [3, 256]
-    wrong_start = make_fake_prompt_ids(ENDOFTEXT_ID, 3)
+    ids = make_fake_prompt_ids(MODEL_VOCAB_SIZE, 5)  # [5, 256]
+    wrong_start = make_fake_prompt_ids(ENDOFTEXT_ID, 5)
     return number_hint(
         answer,
-        int(ids[2, 0]),
+        int(ids[4, 0]),
         {
             int(ids[0, 0]): "that is the first picture's first id; in this convention the ids go on increasing over "
             "all pictures of the batch",
-            int(ids[1, 0]): "that is the second picture's first id: pictures are counted from 0",
-            int(ids[1, -1]): "that is the second picture's last id",
-            int(ids[2, -1]): "that is the third picture's last id, not its first",
-            int(ids[2, -1]) + 1: "that id would come after the third picture's span",
-            int(wrong_start[2, 0]): "fake ids start at the model's vocab_size, not at 151643",
-        },
-    )
-
-
-@exercise(
-    "03.4",
-    "TensorRT-LLM's Qwen-VL README builds with --max_prompt_embedding_table_size 2048 --max_batch_size 8: how many "
-    "pictures may one request hold under in-flight batching (the C++ executor)?",
-)
-def check_images_per_request(answer):
-    """Each request's block is rows_per_request = 2048 / 8 rows (8: the runtime's max batch size, by default the
-    engine's); a picture takes 256 of them."""
-    build = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
-    return number_hint(
-        answer,
-        build.rows_per_request // IMG_TOKEN_SPAN,
-        {
-            build.max_prompt_embedding_table_size
-            // IMG_TOKEN_SPAN: "that many pictures fill the whole table; the C++ executor divides it into one "
-            "block for each position of a step's batch, as many as the runtime's max batch size (the engine's "
-            "max_batch_size by default)",
-            build.rows_per_request: "that is a request's share of rows; how many pictures of 256 rows fit in it?",
-            0: "then no request could send a picture: compute a request's share of the rows first",
+            int(ids[3, 0]): "that is the fourth picture's first id: pictures are counted from 0",
+            int(ids[3, -1]): "that is the fourth picture's last id",
+            int(ids[4, -1]): "that is the fifth picture's last id, not its first",
+            int(ids[4, -1]) + 1: "that id would come after the fifth picture's span",
+            MODEL_VOCAB_SIZE + 5 * IMG_TOKEN_SPAN: "that id would come after the fifth picture's span",
+            int(wrong_start[4, 0]): "fake ids start at the model's vocab_size, not at 151643",
         },
     )
 
@@ -228,7 +203,6 @@ def check_images_per_request(answer):
 def SELF_CHECK():
     """Notebook 03's self-check: its right options computed by the package."""
     three = make_fake_prompt_ids(MODEL_VOCAB_SIZE, 3)  # [3, 256]
-    readme = BuildConfig(max_batch_size=8, max_prompt_embedding_table_size=2048)
     return (
         Question(
             "Where do the fake prompt ids start for Qwen-VL-Chat?",
@@ -242,47 +216,28 @@ def SELF_CHECK():
             ),
         ),
         Question(
-            "In run.py's Python session a batch holds 3 pictures. Which fake id opens the third picture's span?",
+            "In run.py's Python session a batch holds 2 pictures. Which fake id opens the second picture's span?",
             (
                 wrong(str(int(three[0, 0])), "that opens the first; in this convention the ids go on across the batch"),
-                wrong(str(int(three[1, 0])), "that opens the second picture: pictures are counted from 0"),
-                right(str(int(three[2, 0])), "`vocab_size + 256 · 2`: one table, ids increasing over every picture"),
-                wrong(str(int(three[2, -1])), "that is the third picture's last id"),
+                right(str(int(three[1, 0])), "`vocab_size + 256 · 1`: one table, ids increasing over every picture"),
+                wrong(str(int(three[0, -1])), "that is the first picture's last id"),
+                wrong(str(ENDOFTEXT_ID + IMG_TOKEN_SPAN), "fake ids start at the model's `vocab_size`, not at 151643"),
             ),
         ),
         Question(
-            "Under in-flight batching (the C++ executor), what decides which block of rows a request's fake ids read?",
+            "What does `replace_image_spans` change in `input_ids`?",
             (
-                wrong(
-                    "the number of pictures of the batch's fullest request",
-                    "the block size does not depend on the pictures: max_prompt_embedding_table_size (fixed at build) "
-                    "/ the runtime's max batch size (the engine's max_batch_size unless ModelRunnerCpp.from_dir("
-                    "max_batch_size=…) lowers it)",
-                ),
                 right(
-                    "its position b in this step's batch: its table is copied to row b × the block, and its task is b",
-                    "promptTuningBuffers.cpp copies each step's tables again; the position can change from step to step",
+                    "the 256 ids between each `<img>` and its `</img>`, nothing else",
+                    "the tags and the text stay, and the sequence keeps its length",
                 ),
                 wrong(
-                    "a slot the request keeps for its whole life",
-                    "tasks are positions in the step's batch, renumbered every step",
+                    "the tags too, so that the span is 258 fake ids", "the tags keep their ids; only the span changes"
                 ),
                 wrong(
-                    "its fake ids, which start past the previous request's",
-                    "every request's fake ids start at `vocab_size`",
+                    "the length: the path's bytes go, the 256 fake ids come in",
+                    "the span was always 256 ids, path bytes and `<imgpad>` together",
                 ),
-            ),
-        ),
-        Question(
-            "TensorRT-LLM's README engine (2048 rows, max_batch_size 8), run with its own max batch size, gets a "
-            "request with two pictures under in-flight batching. What happens?",
-            (
-                wrong("it is answered", f"a request's block holds {readme.rows_per_request} rows: one picture"),
-                right(
-                    f"it is refused: the block holds {readme.rows_per_request} rows, the two pictures need 512",
-                    "the batch manager throws 'Prompt vocab size … is larger than max prompt vocab size'",
-                ),
-                wrong("the second picture is dropped", "nothing is dropped silently; the request is refused"),
             ),
         ),
     )

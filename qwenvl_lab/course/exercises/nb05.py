@@ -1,28 +1,11 @@
-"""Exercises of notebook 05 (building the engine): the table size, the trtllm-build command, weight names, `tasks`."""
+"""Exercises of notebook 05 (building the engine): the table size, and the limits an engine is built with."""
 
-from pathlib import Path
-
-from ...layout import trtllm_name
 from ...limits import BuildConfig, prompt_table_size
-from ...trtllm.build_command import trtllm_build_command
-from . import exercise, int_list, whole_number
+from . import exercise, whole_number
 from .selfcheck import Question, right, wrong
-
-PACKED = ((0, 287), (1, 289))  # exercise 05.4: (batch position, prompt ids) of the two packed requests
-STEP_BEAMS = ((0, 3), (1, 1))  # exercise 05.5: (batch position, beams) in a generation step
-
 
 TABLE_BUILD = BuildConfig(max_batch_size=4)  # exercise 05.1: 4 requests of up to 3 pictures each
 TABLE_PICTURES = 3
-COMMAND_BUILD = BuildConfig(  # exercise 05.2: float16, 4 requests of up to 2 pictures, 1024 / 2048 ids, one beam
-    max_batch_size=4,
-    max_input_len=1024,
-    max_seq_len=2048,
-    max_prompt_embedding_table_size=prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=2),
-    dtype="float16",
-)
-COMMAND_PICTURES = 2
-CHECKPOINT_FOLDER, ENGINE_FOLDER = "trtllm_checkpoint", "my_engine"  # 05.2: the folders of WORK it reads and writes
 
 
 @exercise("05.1", "the smallest --max_prompt_embedding_table_size for up to 4 requests of up to 3 pictures each")
@@ -46,98 +29,60 @@ def check_table_size(size):
     return "count the rows one picture fills, then the pictures of one request, then the requests"
 
 
-def command_flags(command) -> dict | str:
-    """A trtllm-build argument list as {flag: value}, or a hint when it is not one."""
-    if not isinstance(command, (list, tuple)) or not command or not all(isinstance(p, str) for p in command):
-        return "give the list of strings trtllm_build_command returns"
-    if command[0] != "trtllm-build" or len(command) % 2 == 0:
-        return "give the whole list trtllm_build_command returns: 'trtllm-build', then flag and value pairs"
-    flags = dict(zip(command[1::2], command[2::2]))
-    if len(flags) != len(command) // 2 or not all(flag.startswith("--") for flag in flags):
-        return "give the whole list trtllm_build_command returns: each flag once, each followed by its value"
-    return flags
+SERVICE = dict(requests=2, pictures=3, prompt_ids=900, answer_tokens=100)  # exercise 05.2: what the engine serves
 
 
-@exercise("05.2", "the trtllm-build command for float16, 4 requests of up to 2 pictures, 1024 input / 2048 total ids")
-def check_command(command):
-    """The check of exercise 05.2: None when the answer is right, else a hint."""
-    flags = command_flags(command)
-    if isinstance(flags, str):
-        return flags
-    expected = command_flags(
-        trtllm_build_command(CHECKPOINT_FOLDER, ENGINE_FOLDER, COMMAND_BUILD, images_per_request=COMMAND_PICTURES)
+def service_build() -> BuildConfig:
+    """The smallest limits that serve SERVICE, in float32 with one beam."""
+    return BuildConfig(
+        max_batch_size=SERVICE["requests"],
+        max_input_len=SERVICE["prompt_ids"],
+        max_seq_len=SERVICE["prompt_ids"] + SERVICE["answer_tokens"],
+        max_prompt_embedding_table_size=prompt_table_size(
+            BuildConfig(max_batch_size=SERVICE["requests"]), images_per_request=SERVICE["pictures"]
+        ),
     )
-    if Path(flags.get("--checkpoint_dir", "")).name != CHECKPOINT_FOLDER:
-        return f"read the converted checkpoint, trt_checkpoint (WORK / {CHECKPOINT_FOLDER!r}): --checkpoint_dir"
-    if Path(flags.get("--output_dir", "")).name != ENGINE_FOLDER:
-        return f"write the engine to WORK / {ENGINE_FOLDER!r}: --output_dir"
-    for flag in ("--gemm_plugin", "--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam_width"):
-        if flags.get(flag) != expected[flag]:
-            return f"{flag} is {flags.get(flag)!r}: check the BuildConfig's limits and dtype against the question"
-    table, rows = flags.get("--max_prompt_embedding_table_size", ""), expected["--max_prompt_embedding_table_size"]
-    if table != rows:
-        amount = "too few rows" if not table.isdigit() or int(table) < int(rows) else "more rows than needed"
-        return f"the table holds {amount}: tell trtllm_build_command how many pictures a request may bring"
-    missing = [flag for flag in expected if flag not in flags]
-    if missing:
-        return f"the command leaves out {', '.join(missing)}: let trtllm_build_command write the whole list"
-    differ = [
-        flag for flag in expected if flags[flag] != expected[flag] and flag not in ("--checkpoint_dir", "--output_dir")
-    ]
-    if differ or len(flags) != len(expected):
-        extra = [flag for flag in flags if flag not in expected]
-        return (
-            f"{', '.join(differ + extra)} differ from what trtllm_build_command writes for this BuildConfig: build "
-            "the list with it rather than by hand"
-        )
-    return None
 
 
-@exercise("05.3", "the TensorRT-LLM checkpoint name of Qwen-VL-Chat's transformer.h.1.mlp.w2.weight")
-def check_weight_name(name):
-    """The check of exercise 05.3: None when the answer is right, else a hint."""
-    if not isinstance(name, str):
-        return "answer with the weight's name, a str"
-    if name == trtllm_name("transformer.h.1.mlp.w2.weight"):
+def table_hint(rows: int, expected: BuildConfig) -> str:
+    """What is wrong with a table of `rows` rows for SERVICE's engine (not the smallest that serves it)."""
+    one_request = prompt_table_size(BuildConfig(max_batch_size=1), images_per_request=SERVICE["pictures"])
+    if rows == 0:
+        return "an engine built without a table has no prompt-table input: it cannot see a picture"
+    if rows == one_request:
+        return "that table holds one request's pictures; the engine holds a block for every request it may run at once"
+    if rows == prompt_table_size(BuildConfig(max_batch_size=SERVICE["requests"]), images_per_request=1):
+        return "that table holds one picture per request; each request may bring three"
+    if rows > expected.max_prompt_embedding_table_size:
+        return "that table serves it, but holds more rows than needed: give the smallest"
+    return "the table holds too few rows: count the rows of a picture, the pictures of a request, the requests"
+
+
+@exercise(
+    "05.2",
+    "the BuildConfig (float32) with the smallest limits for up to 2 requests at a time, each with up to 3 pictures, "
+    "prompts of up to 900 ids and answers of up to 100 new tokens",
+)
+def check_build_config(build):
+    """The check of exercise 05.2: None when the answer is right, else a hint."""
+    if not isinstance(build, BuildConfig):
+        return f"give a BuildConfig(…) (from qwenvl_lab.engine), not a {type(build).__name__}"
+    expected = service_build()
+    if build == expected:
         return None
-    if ".h.1." in name:
-        return "TensorRT-LLM names the blocks transformer.layers.N, not transformer.h.N"
-    if name == trtllm_name("transformer.h.1.mlp.w1.weight"):
-        return "that is where w1 goes; w2 is the input the activation is applied to (section 2)"
-    return "rename the block as TensorRT-LLM does, then the MLP input as section 2's swap says"
-
-
-@exercise("05.4", "the engine's tasks input for a packed context step of 287 and 289 prompt ids")
-def check_packed_tasks(tasks):
-    """The check of exercise 05.4: None when the answer is right, else a hint."""
-    tasks = int_list(tasks)
-    if tasks is None:
-        return "answer with a list of ints"
-    expected = [position for position, tokens in PACKED for _ in range(tokens)]
-    if tasks == expected:
-        return None
-    if tasks == [position for position, _ in PACKED]:
-        return (
-            "that is one task per request, what generate takes; the engine's input has one per token of the "
-            "packed batch"
-        )
-    if len(tasks) != len(expected):
-        return f"{len(tasks)} values: the packed batch has {len(expected)} tokens, and tasks one value for each"
-    return "each token carries the batch position of the request it belongs to, in the packed order"
-
-
-@exercise("05.5", "the engine's tasks input for a generation step: position 0 with 3 beams, position 1 greedy")
-def check_step_tasks(tasks):
-    """The check of exercise 05.5: None when the answer is right, else a hint."""
-    tasks = int_list(tasks)
-    if tasks is None:
-        return "answer with a list of ints"
-    expected = [position for position, beams in STEP_BEAMS for _ in range(beams)]
-    if tasks == expected:
-        return None
-    if tasks == [position for position, _ in STEP_BEAMS]:
-        return "in a generation step every beam feeds a token of its own"
-    return "a generation step feeds one token per beam of each request, in batch order"
+    if build.max_batch_size != expected.max_batch_size:
+        return "max_batch_size counts the requests the engine answers together"
+    if build.max_prompt_embedding_table_size != expected.max_prompt_embedding_table_size:
+        return table_hint(build.max_prompt_embedding_table_size, expected)
+    if build.max_input_len != expected.max_input_len:
+        return "max_input_len bounds one prompt's ids: the longest prompt must fit, and nothing more is needed"
+    if build.max_seq_len == expected.max_input_len or build.max_seq_len == SERVICE["answer_tokens"]:
+        return "max_seq_len counts a request's prompt and its answer together"
+    if build.max_seq_len != expected.max_seq_len:
+        return "max_seq_len: the longest prompt plus the longest answer, no more"
+    if build.dtype != expected.dtype:
+        return f"the question asks for float32, got {build.dtype}"
+    return "max_beam_width: the service decodes one beam per request"
 
 
 def SELF_CHECK():
@@ -147,21 +92,22 @@ def SELF_CHECK():
         Question(
             "What must `--max_prompt_embedding_table_size` be for up to 4 requests of up to 2 pictures each?",
             (
-                wrong(str(2 * 256), "that is one request's block; the engine holds a block for every batch position"),
+                wrong(str(2 * 256), "that is one request's share; the engine holds rows for every request at once"),
                 wrong(str(4 * 256), "that holds one picture per request"),
-                right(str(size), "256 rows × 2 pictures × 4 requests: each position of a step's batch gets a block"),
+                right(str(size), "256 rows × 2 pictures × 4 requests"),
                 wrong("8", "the flag counts table rows, not pictures"),
             ),
         ),
         Question(
-            "With `remove_input_padding`, what does the engine's `tasks` input hold in a context step?",
+            "Article 1's `PromptTable` doubles its capacity when pictures no longer fit. What does an engine built with "
+            "a 2048-row table do with a request that needs 2304 rows?",
             (
-                wrong("one task per request", "that is what `generate` takes; the engine's input is packed"),
+                wrong("it doubles the table to 4096 rows", "an engine's sizes are fixed when it is built"),
                 right(
-                    "one value per token of the packed batch: its request's position in the batch",
-                    "the batch manager repeats each request's position over its tokens",
+                    "it refuses the request: the table input was compiled for at most 2048 rows",
+                    "more pictures need a rebuild with a larger `max_prompt_embedding_table_size`",
                 ),
-                wrong("the fake ids of each picture", "the fake ids are in `input_ids`; `tasks` picks their block"),
+                wrong("it drops the last picture", "nothing is dropped silently; the request is refused"),
             ),
         ),
         Question(
@@ -175,17 +121,6 @@ def SELF_CHECK():
                     "not being read: TensorRT-LLM issue #1300); the package's engine says why instead",
                 ),
                 wrong("the table grows to fit it", "the table's size is fixed at build; nothing grows at run time"),
-            ),
-        ),
-        Question(
-            "Two requests ask 图片里是什么？ about two different pictures under in-flight batching. Their `input_ids`…",
-            (
-                right(
-                    "are equal: both number their fake ids from `vocab_size`",
-                    "so KV-cache reuse must tell them apart with `input_token_extra_ids`",
-                ),
-                wrong("differ in their fake ids", "under in-flight batching every request's ids start at `vocab_size`"),
-                wrong("differ in their span's path bytes", "the path bytes were replaced by fake ids"),
             ),
         ),
     )

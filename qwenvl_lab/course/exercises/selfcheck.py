@@ -184,9 +184,17 @@ def feedback_html(notebook: str, number: int, choice) -> str:
     return f'<span style="color:{colour}">{inline_html(verdict.message)}</span>'
 
 
+def options_html(question: Question) -> str:
+    """A question's options as HTML, one line each, labelled (a), (b), …, their `code` rendered as code."""
+    return "".join(
+        f'<div style="margin-left:1.5em">({LETTERS[k]}) {inline_html(choice.text)}</div>'
+        for k, choice in enumerate(question.choices)
+    )
+
+
 def show(notebook: str, widgets: bool = True):
-    """Notebook `notebook`'s self-check: one box per question (options, a Check button, the verdict), or the plain
-    text when `widgets` is False or ipywidgets is missing."""
+    """Notebook `notebook`'s self-check: one box per question (its options, a button per letter, Check, the
+    verdict), or the plain text when `widgets` is False or ipywidgets is missing."""
     bank = questions(notebook)
     try:
         import ipywidgets  # noqa: PLC0415 — ipywidgets is the course extra's
@@ -197,18 +205,18 @@ def show(notebook: str, widgets: bool = True):
         return None
     boxes = []
     for n, question in enumerate(bank, 1):
-        options = ipywidgets.RadioButtons(
-            options=[(f"({LETTERS[k]}) {c.text}", LETTERS[k]) for k, c in enumerate(question.choices)],
+        letters = ipywidgets.ToggleButtons(
+            options=[(f"({LETTERS[k]})", LETTERS[k]) for k in range(len(question.choices))],
             value=None,
-            layout=ipywidgets.Layout(width="auto"),
+            style={"button_width": "3.5em"},
         )
         button = ipywidgets.Button(description="Check", button_style="primary")
         verdict = ipywidgets.HTML()
 
-        def on_check(_, n=n, options=options, verdict=verdict):
-            verdict.value = feedback_html(notebook, n, options.value)
+        def on_check(_, n=n, letters=letters, verdict=verdict):
+            verdict.value = feedback_html(notebook, n, letters.value)
 
         button.on_click(on_check)
-        prompt = ipywidgets.HTML(f"<b>{n}.</b> {inline_html(question.prompt)}")
-        boxes.append(ipywidgets.VBox([prompt, options, ipywidgets.HBox([button, verdict])]))
+        prompt = ipywidgets.HTML(f"<b>{n}.</b> {inline_html(question.prompt)}{options_html(question)}")
+        boxes.append(ipywidgets.VBox([prompt, ipywidgets.HBox([letters, button]), verdict]))
     return ipywidgets.VBox(boxes)
