@@ -7,7 +7,8 @@
 #   make unit                the unit tests without those marked slow (a few minutes; make test runs them all)
 #   make browser             the course in JupyterLab in headless Chromium: every notebook run, its widgets driven
 #                            (needs Debian's chromium: apt-get install chromium; adds Playwright for Python to .venv)
-#   make site                the course as a website (Jupyter Book) in site/_build/html, notebooks with their outputs
+#   make site                the course as a website (Jupyter Book) in build/site/_build/html, notebooks with their
+#                            outputs (SITE_REPOSITORY=owner/name: Binder buttons; SITE_HUB=https://…: a class hub's)
 #   make site-test           build it and check every page in headless Chromium
 #   make class-load          a class on one JupyterHub server, measured (root, loopback only; docs/workshop.md)
 #   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
@@ -160,14 +161,16 @@ screenshots: $(BROWSER_STAMP)
 	@echo "the gallery: course-output/browser-gallery/index.html"
 
 # The course as a website: Jupyter Book 1.x builds build/site/_build/html from the stored outputs (nothing runs);
-# SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons
+# SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons,
+# SITE_HUB (a class JupyterHub's address) a button that opens the notebook there through nbgitpuller
 SITE_REPOSITORY ?=
+SITE_HUB ?=
 $(SITE_STAMP): $(COURSE_STAMP)
 	$(PIP_EDITABLE) '.[course,site]'
 	touch $@
 
 site: $(SITE_STAMP)
-	$(PY) tools/website.py $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY))
+	$(PY) tools/website.py $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY)) $(if $(SITE_HUB),--hub $(SITE_HUB))
 
 # every page in headless Chromium: renders, links and anchors resolve, figures load, Chinese text shows
 # (needs Debian's chromium and a CJK font: apt-get install chromium fonts-wqy-microhei)
