@@ -310,6 +310,16 @@ def make_upstream(course: Path, folder: Path) -> tuple[Path, str]:
     return work, f"file://{bare}"
 
 
+def trust_upstream(users: dict, homes: Path, repository: str) -> None:
+    """Let each learner's git read the upstream, which root owns (git refuses a repository of another owner on this
+    machine; a real upstream is a server, https://…): safe.directory in each learner's own ~/.gitconfig."""
+    bare = repository.removeprefix("file://")
+    for name, uid in users.items():
+        config = homes / name / ".gitconfig"
+        config.write_text(f"[safe]\n\tdirectory = {bare}\n")
+        os.chown(config, uid, pwd.getpwuid(uid).pw_gid)
+
+
 def change_upstream(work: Path, number: int) -> str:
     """Push a markdown cell appended to EDITED_NOTEBOOK upstream, as a fix pushed between sessions would come; the
     cell's text."""
@@ -997,6 +1007,7 @@ def main(argv=None) -> int:
     try:
         work, repository = make_upstream(course, folder)
         users = make_users(names, folder / "home")
+        trust_upstream(users, folder / "home", repository)
         config = hub_config(folder, course, names, password, port, os.path.abspath(shutil.which(args.proxy)))
         hub = start_hub(folder, config, course, port, repository)
         before = tree_state(course)  # from here on only the learners' servers run the course
