@@ -1060,7 +1060,12 @@ def main(argv=None) -> int:
             "spawner": "LocalProcessSpawner (system users), DummyAuthenticator with a password",
             "culling": culler_settings(course),
         },
-        "lone": {**lone_report, "busiest_cells": busiest_cells(lone, cells), "seconds": lone_system["seconds"]},
+        "lone": {
+            **lone_report,
+            "latency_of_class_notebooks": latency_summary(every_lone),
+            "busiest_cells": busiest_cells(lone, cells),
+            "seconds": lone_system["seconds"],
+        },
         "class": {
             "seconds": system["seconds"],
             "latency": latency_summary(every_class),
