@@ -11,6 +11,7 @@
 #                            outputs (SITE_REPOSITORY=owner/name: Binder buttons; SITE_HUB=https://…: a class hub's)
 #   make site-test           build it and check every page in headless Chromium
 #   make class-load          a class on one JupyterHub server, measured (root, loopback only; docs/workshop.md)
+#   make workshop-figures    docs/workshop.md's memory and class-size figures from the committed class measurement
 #   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
 #                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
@@ -59,7 +60,8 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # that message is filtered out, by its text
 PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
+.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load \
+    workshop-figures wheelhouse
 
 setup: $(COURSE_STAMP)
 
@@ -193,6 +195,11 @@ $(HUB_STAMP): $(COURSE_STAMP)
 
 class-load: $(HUB_STAMP)
 	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
+
+# docs/workshop.md's memory, class-size and Binder figures and the Zero-to-JupyterHub values, written from the
+# committed class measurement (copy a new course-output/class-load.json to data/benchmarks/jupyterhub/class-load-cpu.json)
+workshop-figures: $(VENV_STAMP)
+	$(PY) tools/workshop_figures.py
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
