@@ -58,7 +58,10 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # "Editable installation. Please be careful with folders in your working directory with the same name as your
 # package" (setuptools.warnings.InformationOnly), which pip 26 prints as a BuildBackendWarning at every install; only
 # that message is filtered out, by its text
-PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
+# every install takes the tested versions (constraints.txt; pyproject.toml gives ranges)
+CONSTRAINTS := constraints.txt
+PIP_INSTALL := $(PY) -m pip install --quiet -c $(CONSTRAINTS)
+PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP_INSTALL) -e
 
 .PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load \
     workshop-figures wheelhouse
@@ -96,22 +99,22 @@ $(TORCH_STAMP): $(VENV_STAMP)
 	fi
 	@if [ "$$(uname -s)" = Linux ] && [ -n "$(TORCH_INDEX)" ]; then \
 	    build="$(notdir $(TORCH_INDEX))"; \
-	    if $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$$build" 2>/dev/null; then \
+	    if $(PIP_INSTALL) "torch==$(TORCH_VERSION)+$$build" 2>/dev/null; then \
 	        echo "torch $(TORCH_VERSION)+$$build from pip's own sources"; \
 	    else \
 	        echo "torch $(TORCH_VERSION)+$$build from $(TORCH_INDEX)"; \
-	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" || { \
+	        $(PIP_INSTALL) "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" || { \
 	            echo "error: torch $(TORCH_VERSION)+$$build did not install from $(TORCH_INDEX). If that index cannot be" \
 	                 "reached from here: make lab TORCH_INDEX= installs PyPI's torch instead (a CUDA build: 2.7 GB of" \
 	                 "downloads, 5.6 GB in .venv), or put the wheel in a folder named in pip.conf's find-links" >&2; \
 	            exit 1; }; \
 	    fi; \
 	else \
-	    echo "torch $(TORCH_VERSION) from PyPI"; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"; \
+	    echo "torch $(TORCH_VERSION) from PyPI"; $(PIP_INSTALL) "torch==$(TORCH_VERSION)"; \
 	fi
 	touch $@
 
-$(COURSE_STAMP): $(TORCH_STAMP) pyproject.toml
+$(COURSE_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS)
 	$(PIP_EDITABLE) '.[course]'
 	touch $@
 
@@ -145,7 +148,7 @@ test: lint
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check qwenvl_lab tools tests notebooks
-	$(PY) -m ruff format --check qwenvl_lab tools tests
+	$(PY) -m ruff format --check qwenvl_lab tools tests notebooks
 
 unit: $(TEST_STAMP)
 	$(PYTEST) -m "not browser and not slow" tests
