@@ -69,7 +69,7 @@ CONSTRAINTS := constraints.txt
 WHEELHOUSE ?= $(wildcard wheelhouse)
 PIP := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -c $(CONSTRAINTS) \
     $(if $(WHEELHOUSE),--find-links "$(abspath $(WHEELHOUSE))")
-PIP_INSTALL = pip_install() { $(if $(WHEELHOUSE),$(PIP) --no-index "$$@" 2>/dev/null || echo "(some wheels are not in $(WHEELHOUSE): from the indexes)" &&) $(PIP) "$$@"; }; pip_install
+PIP_INSTALL = pip_install() { $(if $(WHEELHOUSE),$(PIP) --no-index "$$@" 2>/dev/null || { echo "(not all in the wheelhouse $(WHEELHOUSE): the indexes too)"; $(PIP) "$$@"; },$(PIP) "$$@"); }; pip_install
 PIP_EDITABLE = $(PIP_INSTALL) -e
 
 .PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load \
