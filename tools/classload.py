@@ -894,6 +894,7 @@ def learner_report(learner: Learner, differences: list[str]) -> dict:
         "server_start_s": round(learner.spawn_s, 2),
         "latency": latency_summary(every),
         "latency_by_notebook": {nb: latency_summary(values) for nb, values in learner.latencies.items()},
+        "first_cell_s": {nb: round(values[0], 3) for nb, values in learner.latencies.items() if values},
         "kernel_cpu_s": learner.kernel_cpu_s,
         "peak_memory_gib": {key: round(value / 2**30, 3) for key, value in learner.peaks.items()},
         "peak_memory_by_notebook_gib": {

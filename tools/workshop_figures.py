@@ -22,6 +22,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from qwenvl_lab.course.notebooks import NOTEBOOKS
+
 MEASURED = Path("data") / "benchmarks" / "jupyterhub" / "class-load-cpu.json"
 WORKSHOP = Path("docs") / "workshop.md"
 Z2JH_VALUES = Path("docs") / "jupyterhub" / "z2jh-values.yaml"
@@ -75,7 +77,7 @@ def derived(result: dict) -> dict:
     notebooks = {nb: by_notebook[nb]["kernel_rss"] for nb in sorted(by_notebook)}
     with_server = {nb: round(value + server, 2) for nb, value in notebooks.items()}
     core = need(result, "settings", "notebooks")
-    first_cell = max(need(lone, "latency_by_notebook", nb, "max_s") for nb in core)
+    first_cell = max(need(lone, "first_cell_s", nb) for nb in core)  # a notebook's imports: one core's work
     per_learner, two_open = up(one_open), up(one_open + kernel)
     machine = need(result, "machine")
     servers = [(machine["cores"], round(machine["memory_gib"]))] + list(SERVERS)
@@ -100,6 +102,7 @@ def derived(result: dict) -> dict:
         "worst_core": worst_core,
         "all_open_gib": round(sum(notebooks.values()) + server, 1),
         "binder_misfits": [nb for nb, value in with_server.items() if value > BINDER_LIMIT_GIB],
+        "unmeasured": [n.number for n in NOTEBOOKS if n.number not in notebooks],
         "first_cell_s": round(first_cell, 1),
         "rows": rows,
         "cpu_s": (round(min(cpu)), round(max(cpu))),
@@ -165,8 +168,10 @@ def regions(result: dict) -> dict[str, str]:
         + (" do" if len(misfits) > 1 else " does")
         + " not fit: run "
         + ("them" if len(misfits) > 1 else "it")
-        + " on a laptop or the class server; every other notebook fits"
+        + " on a laptop or the class server; every other notebook measured fits"
     )
+    if f["unmeasured"]:
+        binder += f" (not measured in this run: {', '.join(f['unmeasured'])})"
     size_rows = "\n".join(
         f"| {r['cores']} cores, {r['memory_gib']} GiB | {r['one_open']} | {r['two_open']} | {r['first_cells_s']} s |"
         for r in f["rows"]
@@ -247,7 +252,7 @@ def regions(result: dict) -> dict[str, str]:
             f"open, {f['two_open_gib']:.1f} GiB with a second left open until the culler shuts it ({SYSTEM_GIB:g} GiB "
             'kept for the system and the hub); the last column is the wait when the "two open" class runs a '
             f"notebook's first cell at the same moment ({f['first_cell_s']:.1f} s of one core each, the lone run's "
-            "slowest cell of the class's notebooks, shared by the cores). The first row is the measured machine; "
+            "slowest first cell of the class's notebooks (their imports), shared by the cores). The first row is the measured machine; "
             "every row is arithmetic, not a measurement of that many learners.",
             "",
             "| server | learners, one notebook open | learners, two open | everyone's first cell at once |",
