@@ -65,6 +65,7 @@ def test_the_course_installs_from_the_wheelhouse_with_the_network_off(tmp_path):
     if not house:
         pytest.skip("no $QWENVL_LAB_WHEELHOUSE: make wheelhouse, then name the folder")
     source = tmp_path / "source"
+    source.mkdir()
     for name in ("pyproject.toml", "README.md", "constraints.txt", "qwenvl_lab", "data"):
         copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
         copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}))  # fmt: skip
