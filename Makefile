@@ -7,9 +7,13 @@
 #   make unit                the unit tests without those marked slow (a few minutes; make test runs them all)
 #   make browser             the course in JupyterLab in headless Chromium: every notebook run, its widgets driven
 #                            (needs Debian's chromium: apt-get install chromium; adds Playwright for Python to .venv)
-#   make site                the course as a website (Jupyter Book) in site/_build/html, notebooks with their outputs
+#   make site                the course as a website (Jupyter Book) in build/site/_build/html, notebooks with their
+#                            outputs (SITE_REPOSITORY=owner/name: Binder buttons; SITE_HUB=https://…: a class hub's)
 #   make site-test           build it and check every page in headless Chromium
 #   make class-load          a class on one JupyterHub server, measured (root, loopback only; docs/workshop.md)
+#   make workshop-figures    docs/workshop.md's memory and class-size figures from the committed class measurement
+#   make wheelhouse          torch's CPU wheels and the course's dependencies for Python 3.11–3.13 on Linux, macOS,
+#                            Windows, in wheelhouse/ (a USB stick for a room without fast internet; docs/install.md)
 #   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
 #                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
@@ -24,6 +28,8 @@
 #                of downloads, 5.6 GB in .venv). Its build (cpu, cu130, …) is first looked for among pip's own
 #                sources (pip.conf: find-links, a wheelhouse an instructor provides), then taken from the index.
 #                TORCH_INDEX= (empty) installs PyPI's build. macOS and Windows always use PyPI (CPU builds there).
+#   WHEELHOUSE   a folder of wheels (make wheelhouse; default: wheelhouse/ in the clone if there is one): installs
+#                from it alone first, with no network, then from the indexes for anything it lacks
 #   PREFLIGHT    the doctor's arguments for its check before .venv is created (default --before-install; add
 #                --no-network on a machine whose pip works through find-links alone; PREFLIGHT= skips the check)
 #   LAB_ARGS     more JupyterLab arguments, e.g. on a remote machine: make lab LAB_ARGS="--ip=0.0.0.0 --port=8888 --no-browser"
@@ -56,9 +62,18 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # "Editable installation. Please be careful with folders in your working directory with the same name as your
 # package" (setuptools.warnings.InformationOnly), which pip 26 prints as a BuildBackendWarning at every install; only
 # that message is filtered out, by its text
-PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
+# every install takes the tested versions (constraints.txt; pyproject.toml gives ranges). With a wheelhouse (make
+# wheelhouse; WHEELHOUSE=/path, else wheelhouse/ in the clone if there is one) pip installs from it alone first, with
+# no network (--no-index), and only for what it lacks from the indexes too: a shell function, pip_install ARGS…
+CONSTRAINTS := constraints.txt
+WHEELHOUSE ?= $(wildcard wheelhouse)
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -c $(CONSTRAINTS) \
+    $(if $(WHEELHOUSE),--find-links "$(abspath $(WHEELHOUSE))")
+PIP_INSTALL = pip_install() { $(if $(WHEELHOUSE),$(PIP) --no-index "$$@" 2>/dev/null || { echo "(not all in the wheelhouse $(WHEELHOUSE): the indexes too)"; $(PIP) "$$@"; },$(PIP) "$$@"); }; pip_install
+PIP_EDITABLE = $(PIP_INSTALL) -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
+.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load \
+    workshop-figures wheelhouse
 
 setup: $(COURSE_STAMP)
 
@@ -72,7 +87,7 @@ $(VENV_STAMP):
 	             "docs/install.md, 'Getting Python 3.11-3.13', says how to get one" >&2; exit 1; \
 	    fi; \
 	    if [ -n "$(PREFLIGHT)" ] || ! "$$python" -c '$(PYTHON_OK)' 2>/dev/null; then \
-	        TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.course.doctor --before-install $(filter-out --before-install,$(PREFLIGHT)) || { \
+	        TORCH_INDEX="$(TORCH_INDEX)" WHEELHOUSE="$(WHEELHOUSE)" "$$python" -m qwenvl_lab.course.doctor --before-install $(filter-out --before-install,$(PREFLIGHT)) || { \
 	            echo "error: nothing was installed; fix what the doctor says (fix: lines), then run make $(or $(MAKECMDGOALS),setup) again" >&2; \
 	            exit 1; }; \
 	    fi; \
@@ -82,7 +97,7 @@ $(VENV_STAMP):
 	    fi; \
 	    echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV); \
 	fi
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PIP_INSTALL) --upgrade pip
 	touch $@
 
 $(TORCH_STAMP): $(VENV_STAMP)
@@ -93,22 +108,22 @@ $(TORCH_STAMP): $(VENV_STAMP)
 	fi
 	@if [ "$$(uname -s)" = Linux ] && [ -n "$(TORCH_INDEX)" ]; then \
 	    build="$(notdir $(TORCH_INDEX))"; \
-	    if $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)+$$build" 2>/dev/null; then \
+	    if $(PIP_INSTALL) "torch==$(TORCH_VERSION)+$$build" 2>/dev/null; then \
 	        echo "torch $(TORCH_VERSION)+$$build from pip's own sources"; \
 	    else \
 	        echo "torch $(TORCH_VERSION)+$$build from $(TORCH_INDEX)"; \
-	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" || { \
+	        $(PIP_INSTALL) "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" || { \
 	            echo "error: torch $(TORCH_VERSION)+$$build did not install from $(TORCH_INDEX). If that index cannot be" \
 	                 "reached from here: make lab TORCH_INDEX= installs PyPI's torch instead (a CUDA build: 2.7 GB of" \
 	                 "downloads, 5.6 GB in .venv), or put the wheel in a folder named in pip.conf's find-links" >&2; \
 	            exit 1; }; \
 	    fi; \
 	else \
-	    echo "torch $(TORCH_VERSION) from PyPI"; $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"; \
+	    echo "torch $(TORCH_VERSION) from PyPI"; $(PIP_INSTALL) "torch==$(TORCH_VERSION)"; \
 	fi
 	touch $@
 
-$(COURSE_STAMP): $(TORCH_STAMP) pyproject.toml
+$(COURSE_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS)
 	$(PIP_EDITABLE) '.[course]'
 	touch $@
 
@@ -131,7 +146,8 @@ doctor:
 	    echo "error: no Python 3 found (tried $(PYTHON_CANDIDATES)); docs/install.md says how to get Python 3.11-3.13" >&2; \
 	    exit 1; \
 	fi; \
-	echo "$$python -m qwenvl_lab.course.doctor"; TORCH_INDEX="$(TORCH_INDEX)" "$$python" -m qwenvl_lab.course.doctor
+	echo "$$python -m qwenvl_lab.course.doctor"; \
+	TORCH_INDEX="$(TORCH_INDEX)" WHEELHOUSE="$(WHEELHOUSE)" "$$python" -m qwenvl_lab.course.doctor
 
 reset: $(COURSE_STAMP)
 	@if [ -z "$(NOTEBOOK)" ]; then echo "usage: make reset NOTEBOOK=03 (a course notebook's number or name)" >&2; exit 2; fi
@@ -142,7 +158,7 @@ test: lint
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check qwenvl_lab tools tests notebooks
-	$(PY) -m ruff format --check qwenvl_lab tools tests
+	$(PY) -m ruff format --check qwenvl_lab tools tests notebooks
 
 unit: $(TEST_STAMP)
 	$(PYTEST) -m "not browser and not slow" tests
@@ -160,14 +176,16 @@ screenshots: $(BROWSER_STAMP)
 	@echo "the gallery: course-output/browser-gallery/index.html"
 
 # The course as a website: Jupyter Book 1.x builds build/site/_build/html from the stored outputs (nothing runs);
-# SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons
+# SITE_REPOSITORY (owner/name on GitHub; default: the origin remote) gives the pages their Binder launch buttons,
+# SITE_HUB (a class JupyterHub's address) a button that opens the notebook there through nbgitpuller
 SITE_REPOSITORY ?=
+SITE_HUB ?=
 $(SITE_STAMP): $(COURSE_STAMP)
 	$(PIP_EDITABLE) '.[course,site]'
 	touch $@
 
 site: $(SITE_STAMP)
-	$(PY) tools/website.py $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY))
+	$(PY) tools/website.py $(if $(SITE_REPOSITORY),--repository $(SITE_REPOSITORY)) $(if $(SITE_HUB),--hub $(SITE_HUB))
 
 # every page in headless Chromium: renders, links and anchors resolve, figures load, Chinese text shows
 # (needs Debian's chromium and a CJK font: apt-get install chromium fonts-wqy-microhei)
@@ -190,6 +208,27 @@ $(HUB_STAMP): $(COURSE_STAMP)
 
 class-load: $(HUB_STAMP)
 	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
+
+# A room without fast internet (docs/install.md): torch's CPU wheels and every dependency of the course for each
+# platform and Python a class brings, in one folder (about 1 GB a platform and Python; uv resolves each platform's
+# markers, pip downloads its wheels). Learners then run make lab WHEELHOUSE=/path/to/it, or copy it to wheelhouse/.
+WHEELHOUSE_DEST ?= wheelhouse
+WHEELHOUSE_PLATFORMS ?= linux-x86_64 linux-aarch64 macos-arm64 windows-amd64
+WHEELHOUSE_PYTHONS ?= 3.11 3.12 3.13
+UV_STAMP := $(VENV)/.uv
+
+$(UV_STAMP): $(VENV_STAMP) $(CONSTRAINTS)
+	$(PIP_INSTALL) uv
+	touch $@
+
+wheelhouse: $(UV_STAMP)
+	PYTHONPATH=. $(PY) tools/wheelhouse.py --dest $(WHEELHOUSE_DEST) --platforms $(WHEELHOUSE_PLATFORMS) \
+	    --pythons $(WHEELHOUSE_PYTHONS) --torch-index "$(TORCH_INDEX)"
+
+# docs/workshop.md's memory, class-size and Binder figures and the Zero-to-JupyterHub values, written from the
+# committed class measurement (copy a new course-output/class-load.json to data/benchmarks/jupyterhub/class-load-cpu.json)
+workshop-figures: $(VENV_STAMP)
+	$(PY) tools/workshop_figures.py
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py

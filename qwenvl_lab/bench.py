@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import transformers
+from tqdm.auto import tqdm
 
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .checks.tensors import to_torch_dtype
@@ -419,21 +420,27 @@ class MachineTooBusy(RuntimeError):
     """The timings came out inconsistent because other work ran on the machine: rerun, differently."""
 
 
-def measure(generate, requests, table, new_tokens: int, repeats: int, device, baseline: int) -> dict:
-    """TTFT (a 1-token run), decode speed ((N-1) tokens ÷ (N-token run - TTFT)), peak memory, tokens."""
+def measure(
+    generate, requests, table, new_tokens: int, repeats: int, device, baseline: int, label: str | None = None
+) -> dict:
+    """TTFT (a 1-token run), decode speed ((N-1) tokens ÷ (N-token run - TTFT)), peak memory, tokens; with a
+    `label`, a progress bar over its runs (the warm-up, `repeats` 1-token and `repeats` N-token runs)."""
+    bar = tqdm(total=1 + 2 * repeats, desc=label, unit="run", leave=False, disable=label is None)
 
     def timed(n):
         synchronize(device)
         start = time.perf_counter()
         out = generate(requests, table, n)
         synchronize(device)
+        bar.update()
         return time.perf_counter() - start, out
 
-    timed(new_tokens)  # warm-up: allocator, kernels, CUDA graphs
-    ttft = min(timed(1)[0] for _ in range(repeats))
-    with PeakMemory(device, baseline) as peak:
-        total, tokens = timed(new_tokens)
-    total = min([total] + [timed(new_tokens)[0] for _ in range(repeats - 1)])
+    with bar:
+        timed(new_tokens)  # warm-up: allocator, kernels, CUDA graphs
+        ttft = min(timed(1)[0] for _ in range(repeats))
+        with PeakMemory(device, baseline) as peak:
+            total, tokens = timed(new_tokens)
+        total = min([total] + [timed(new_tokens)[0] for _ in range(repeats - 1)])
     if total <= ttft:
         raise MachineTooBusy(
             f"the {new_tokens}-token run ({total * 1e3:.1f} ms) was not slower than the 1-token run ({ttft * 1e3:.1f} ms): "
@@ -617,6 +624,7 @@ def measure_all(
                             args.repeats,
                             device,
                             baseline,
+                            label=f"eager, batch {b}",
                         ),
                     }
                 )
@@ -641,6 +649,7 @@ def measure_all(
             args.repeats,
             device,
             baseline,
+            label=f"engine, batch {b}",
         )
         eager = next((r for r in results if r["method"] == "eager" and r["batch"] == b), None)
         if eager is not None:

@@ -17,6 +17,7 @@ COPIED = (
     "pyproject.toml",
     "README.md",
     "environment.yml",
+    "constraints.txt",
     "postBuild",
     "start",
     ".jupyter",
@@ -31,6 +32,7 @@ def test_environment_installs_the_course_with_the_cpu_torch():
     text = (REPO / "environment.yml").read_text()
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in text and "torch==2.13.0" in text
     assert "- -e .[course]" in text and not (REPO / "binder").exists()  # a binder/ folder would hide these files
+    assert "- -c constraints.txt" in text  # the tested versions, as make installs them
 
 
 @pytest.mark.parametrize("name", ["postBuild", "start"])

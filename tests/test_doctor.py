@@ -152,12 +152,15 @@ NO_LINKS = {"index-url": "", "find-links": []}
         (dict(probe=lambda url: "Name or service not known"), FAIL, "does not answer (Name or service not known)"),
     ],
 )
-def test_torch_index(kwargs, status, says):
+def test_torch_index(kwargs, status, says, monkeypatch):
+    monkeypatch.delenv(doctor.WHEELHOUSE_ENV, raising=False)
+    monkeypatch.setattr(doctor, "CLONE", Path("/nonexistent"))
     args = dict(probe=lambda url: "unreachable", settings=NO_LINKS, torch_index=CPU, system="Linux", installed=False)
     found = doctor.check_torch_index(**{**args, **kwargs})
     assert found.status == status and says in found.detail
     if status == FAIL:
-        assert found.fix.startswith("make lab TORCH_INDEX= installs PyPI's torch instead (a CUDA build: 2.7 GB")
+        assert found.fix.startswith("make lab WHEELHOUSE=/path installs from a wheelhouse")
+        assert "make lab TORCH_INDEX= installs PyPI's torch instead (a CUDA build: 2.7 GB" in found.fix
 
 
 def test_torch_index_unreachable_but_the_wheel_is_in_find_links(tmp_path):
@@ -175,13 +178,42 @@ def test_torch_index_unreachable_but_the_wheel_is_in_find_links(tmp_path):
     assert found.status == OK and str(wheel) in found.detail
 
 
+def wheel_name(version_info=sys.version_info, machine=None) -> str:
+    tag = "cp{}{}".format(*version_info[:2])
+    return f"torch-2.13.0+cpu-{tag}-{tag}-manylinux_2_28_{machine or platform.machine()}.whl"
+
+
+def test_a_wheelhouse_is_found_checked_and_makes_the_indexes_optional(tmp_path, monkeypatch):
+    monkeypatch.delenv(doctor.WHEELHOUSE_ENV, raising=False)
+    assert doctor.wheelhouse({}, tmp_path) is None
+    (tmp_path / "wheelhouse").mkdir()
+    assert doctor.wheelhouse({}, tmp_path) == tmp_path / "wheelhouse"  # in the clone, found by itself
+    assert doctor.wheelhouse({"WHEELHOUSE": str(tmp_path / "usb")}, tmp_path) == tmp_path / "usb"  # named: wins
+    assert doctor.check_wheelhouse(tmp_path / "usb").status == FAIL  # named, but not there
+    house = tmp_path / "wheelhouse"
+    (house / "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    lacking = doctor.check_wheelhouse(house, (3, 11), "x86_64", "Linux")
+    assert lacking.status == WARN and "none of them torch 2.13.0 for Python 3.11 on Linux x86_64" in lacking.detail
+    (house / wheel_name((3, 11), "x86_64")).write_bytes(b"")
+    found = doctor.check_wheelhouse(house, (3, 11), "x86_64", "Linux")
+    assert found.status == OK and "2 wheels" in found.detail and wheel_name((3, 11), "x86_64") in found.detail
+    assert doctor.check_wheelhouse(house, (3, 12), "x86_64", "Linux").status == WARN  # another Python's torch
+    offline = doctor.check_package_index(lambda url: "unreachable", NO_LINKS, folder=house)
+    assert offline.status == WARN and f"make installs from the wheelhouse {house} first" in offline.detail
+    (house / wheel_name()).write_bytes(b"")
+    monkeypatch.setenv(doctor.WHEELHOUSE_ENV, str(house))  # as make passes it
+    torch = doctor.check_torch_index(lambda url: "unreachable", NO_LINKS, CPU, "Linux", installed=False)
+    assert torch.status == OK and str(house / wheel_name()) in torch.detail
+
+
 def test_package_index_is_pips():
     asked = []
     found = doctor.check_package_index(lambda url: asked.append(url), {"index-url": "", "find-links": []})
     assert found.status == OK and asked == [doctor.PYPI]
     mirror = {"index-url": "https://mirror.example/simple", "find-links": []}
-    found = doctor.check_package_index(lambda url: "timed out", mirror)
+    found = doctor.check_package_index(lambda url: "timed out", mirror, folder=Path("/nonexistent"))
     assert found.status == FAIL and "https://mirror.example/simple does not answer (timed out)" in found.detail
+    assert "make lab WHEELHOUSE=/path" in found.fix
 
 
 def test_answers_on_loopback():

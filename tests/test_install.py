@@ -12,6 +12,7 @@ import sysconfig
 import tomllib
 import venv
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import platformdirs
@@ -55,10 +56,14 @@ def test_triton_is_required_only_where_it_has_wheels(platform_name):
     assert triton.marker.evaluate({"platform_system": system, "platform_machine": machine}) == (system == "Linux")
 
 
-def test_course_extra_needs_no_test_tools_and_nothing_installs_dashscope():
+TEST_TOOLS = {"pytest", "nbval", "nbclient", "coverage", "hypothesis", "ruff", "nbdime", "triton"}
+
+
+def test_the_learners_extra_holds_no_test_tools_and_nothing_installs_dashscope():
     course = {Requirement(r).name for r in PYPROJECT["project"]["optional-dependencies"]["course"]}
-    assert {"jupyterlab", "ipywidgets", "nbval"} <= course
-    assert not course & {"pytest", "hypothesis", "triton"}
+    core = {Requirement(r).name for r in PYPROJECT["project"]["dependencies"]}
+    assert {"jupyterlab", "ipywidgets"} <= course and not (course | core) & TEST_TOOLS
+    assert {"onnx", "onnxruntime"} <= course and not core & {"onnx", "onnxruntime"}  # notebooks 05 and 08 use them
     installers = [
         REPO / "Makefile",
         REPO / "environment.yml",
@@ -66,6 +71,64 @@ def test_course_extra_needs_no_test_tools_and_nothing_installs_dashscope():
         REPO / "pyproject.toml",
     ]
     assert [p.name for p in installers if "dashscope" in p.read_text(encoding="utf-8")] == []
+
+
+def installed_closure(extras: set[str]) -> set[str]:
+    """The installed distributions `qwenvl_lab[extras]` pulls in, transitively (markers evaluated for this machine)."""
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    found, todo = set(), [("qwenvl_lab", frozenset(extras))]
+    while todo:
+        name, wanted = todo.pop()
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in wanted | {""}):
+                continue
+            if canonical(req.name) not in found:
+                found.add(canonical(req.name))
+                todo.append((req.name, frozenset(req.extras)))
+    return found
+
+
+def test_installing_the_learners_extra_brings_no_test_runner():
+    pulled = installed_closure({"course"})
+    assert {"torch", "jupyterlab", "onnxruntime"} <= pulled  # the walk reaches the course's own packages
+    assert not pulled & {"pytest", "nbval", "coverage", "hypothesis", "ruff", "nbdime"}, sorted(pulled & TEST_TOOLS)
+    assert {"pytest", "nbval", "nbdime"} <= installed_closure({"course", "test"})
+
+
+def test_one_constraints_file_pins_every_requirement_within_its_range():
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    groups = {"": PYPROJECT["project"]["dependencies"], **PYPROJECT["project"]["optional-dependencies"]}
+    unpinned, outside = [], []
+    for group, requirements in groups.items():
+        if group == "trtllm":  # GPU machines only, pinned to tensorrt_llm 1.2.1's own requirement in pyproject
+            continue
+        for line in requirements:
+            req = Requirement(line)
+            pin = pins.get(re.sub(r"[-_.]+", "-", req.name).lower())
+            if pin is None:
+                unpinned.append(f"{group or 'dependencies'}: {req.name}")
+            elif pin not in req.specifier:
+                outside.append(f"{req.name}=={pin} outside {req.specifier}")
+    assert unpinned == [] and outside == []
+    assert pins["torch"] == make_variable("TORCH_VERSION")
+    assert "-c $(CONSTRAINTS)" in MAKEFILE and make_variable("CONSTRAINTS") == "constraints.txt"
+    assert "- -c constraints.txt" in (REPO / "environment.yml").read_text(encoding="utf-8")
+    pip_lines = [ln for ln in MAKEFILE.splitlines() if re.search(r"\$\(PY\) -m pip install", ln)]
+    assert pip_lines and all("-c $(CONSTRAINTS)" in ln for ln in pip_lines), pip_lines  # one pip command, constrained
 
 
 def test_wheel_lists_every_subpackage():

@@ -294,3 +294,28 @@ def test_every_prediction_is_tagged_and_its_answer_is_hidden_in_the_copy(n):
             assert copied["metadata"]["jupyter"]["source_hidden"] is True
         shown = json.dumps(copied.get("outputs", []))
         assert "VBox(children" not in shown and lab.WIDGET_VIEW not in shown
+
+
+def test_under_a_python_without_jupyterlab_it_names_the_courses_python_and_copies_nothing(monkeypatch, course, capsys):
+    real_find_spec = lab.importlib.util.find_spec
+    monkeypatch.setattr(
+        lab.importlib.util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr(lab, "course_root", lambda: course)
+    with pytest.raises(SystemExit) as exit_:
+        lab.main(["--print-command"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"JupyterLab is not installed in this Python ({sys.executable})" in err
+    assert "make lab" in err and not (course / "my-notebooks").exists()
+    venv_python = course / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("")
+    assert f"the course's environment is {venv_python}" in lab.missing_jupyterlab(course, "/usr/bin/python3")
+    assert "the course's environment" not in lab.missing_jupyterlab(course, str(venv_python))
+
+
+def test_no_copy_gives_the_server_its_settings_and_nothing_else(monkeypatch, course, tmp_path, capsys):
+    monkeypatch.setattr(lab, "course_root", lambda: course)
+    home = tmp_path / "home"
+    assert lab.main(["--workdir", str(home), "--no-copy", "--print-command"]) == 0
+    assert list(home.iterdir()) == [] and "copied" not in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The course as a website (`make site`): Jupyter Book builds it from the stored outputs; headless Chromium opens every
 page reachable from the front page, and checks that it renders, that every internal link and anchor resolves, that
-the figures load and Chinese text shows, and that each course notebook's launch button opens the learner's copy.
+the figures load and Chinese text shows, and every launch button: Binder opening the learner's copy, a class
+JupyterHub through nbgitpuller, and none at all when the site is built without a repository.
 
 Needs Jupyter Book 1.x (the site extra), Playwright for Python and Debian's Chromium with a CJK font (apt-get install
 chromium fonts-wqy-microhei). Without them the tests are skipped; with QWENVL_LAB_BROWSER_TEST=required they fail.
@@ -24,6 +25,7 @@ from tools import website
 
 REPO = Path(__file__).resolve().parents[1]
 REPOSITORY = "example/qwenvl-lab"  # the launch buttons' GitHub repository in this test
+HUB = "https://hub.example.org"  # a class JupyterHub's address in this test
 CHINESE = "图片里是什么"  # notebook 01's question
 
 
@@ -54,7 +56,7 @@ def site(tmp_path_factory):
     """The built site served on a free port of 127.0.0.1: its base URL."""
     if MISSING:
         pytest.fail("the site test needs " + "; ".join(MISSING), pytrace=False)
-    html = website.build(REPO, REPOSITORY, output=tmp_path_factory.mktemp("site"))
+    html = website.build(REPO, REPOSITORY, output=tmp_path_factory.mktemp("site"), hub=HUB)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -81,7 +83,9 @@ PAGE_FACTS = """() => ({
     links: [...document.querySelectorAll('a[href]')].map(a => a.href),
     ids: [...document.querySelectorAll('[id]')].map(e => e.id),
     images: [...document.querySelectorAll('main img')].map(img => ({src: img.src, ok: img.complete && img.naturalWidth > 0})),
-    launch: [...document.querySelectorAll('a[href*="mybinder.org"]')].map(a => a.href),
+    // the theme's launch buttons ("Launch on Binder", …), whose title Bootstrap's tooltip moves once the page runs
+    launch: [...document.querySelectorAll('a[title^="Launch on"], a[data-bs-original-title^="Launch on"]')]
+        .map(a => a.href),
 })"""
 
 
@@ -172,12 +176,47 @@ def test_figures_load_and_each_notebook_shows_its_stored_pictures(crawl):
         assert len(shown) >= stored_images(notebook), notebook.name
 
 
-def test_each_course_notebook_launches_the_learners_copy_on_binder(crawl):
+def launch_urls(notebook: str) -> set[str]:
+    """The launch URLs a page of the course's notebook `notebook` (its path under notebooks/) must have: Binder on
+    the learner's copy (my-notebooks/…, made by `start`), the class hub through nbgitpuller on the learner's clone."""
+    name = REPOSITORY.split("/")[1]
+    pull = urllib.parse.urlencode(
+        {
+            "repo": f"https://github.com/{REPOSITORY}",
+            "urlpath": f"lab/tree/{name}/notebooks/{notebook}",
+            "branch": "main",
+        }
+    )
+    return {
+        f"https://mybinder.org/v2/gh/{REPOSITORY}/main?urlpath=lab/tree/my-notebooks/{notebook}",
+        f"{HUB}/hub/user-redirect/git-pull?{pull}",
+    }
+
+
+def test_each_notebook_page_launches_on_binder_and_on_the_class_hub(crawl):
     pages, _ = crawl
-    for notebook in sorted((REPO / "notebooks").glob("*.ipynb")):
-        launch = pages[f"notebooks/{notebook.stem}.html"]["launch"]
-        want = f"https://mybinder.org/v2/gh/{REPOSITORY}/main?urlpath=lab/tree/my-notebooks/{notebook.name}"
-        assert want in launch, (notebook.name, launch)
+    notebooks = sorted((REPO / "notebooks").glob("*.ipynb")) + sorted(
+        (REPO / "notebooks" / "solutions").glob("*.ipynb")
+    )
+    for notebook in notebooks:
+        path = notebook.relative_to(REPO / "notebooks").as_posix()
+        page = pages[f"notebooks/{Path(path).with_suffix('.html').as_posix()}"]
+        found = {urllib.parse.unquote(url) for url in page["launch"]}
+        want = {urllib.parse.unquote(url) for url in launch_urls(path)}
+        assert found == want, (path, found)
+    others = [path for path, facts in pages.items() if not path.startswith("notebooks/") and facts["launch"]]
+    assert others == [], "pages that are not notebooks have launch buttons"
+
+
+def test_without_a_repository_no_page_has_a_launch_button(tmp_path):
+    html = website.build(REPO, None, output=tmp_path / "site", hub=HUB)
+    launching = []
+    for page in sorted(html.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        if 'title="Launch on' in text or "executablebooks/jupyter-book" in text:
+            launching.append(page.relative_to(html).as_posix())
+    assert launching == []
+    assert (html / "notebooks" / "01_tokenizing.html").is_file()
 
 
 def test_chinese_text_shows_in_a_chinese_font(site, browser):

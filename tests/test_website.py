@@ -26,20 +26,40 @@ def test_github_repository(given, found):
 
 def test_config_names_the_repository_only_when_there_is_one():
     plain = website.site_config(REPO, None, "main")
-    assert "repository:" not in plain and 'execute_notebooks: "off"' in plain
+    assert "repository" not in plain and plain["execute"]["execute_notebooks"] == "off"
+    # no launch buttons: Jupyter Book's default repository (its own) would otherwise fill the Binder button
+    assert "launch_buttons" not in plain and plain["html"]["use_repository_button"] is False
     named = website.site_config(REPO, "owner/qwenvl-lab", "course")
-    assert named.endswith("repository:\n  url: https://github.com/owner/qwenvl-lab\n  branch: course\n")
+    assert named["repository"] == {"url": "https://github.com/owner/qwenvl-lab", "branch": "course"}
+    assert named["launch_buttons"]["binderhub_url"] == "https://mybinder.org"
+    assert "jupyterhub_url" not in named["launch_buttons"]
+
+
+def test_a_hub_address_adds_the_jupyterhub_button_only_with_a_repository():
+    config = website.site_config(REPO, "owner/qwenvl-lab", "main", hub="https://hub.example.org/")
+    assert config["launch_buttons"]["jupyterhub_url"] == "https://hub.example.org"
+    assert config["launch_buttons"]["notebook_interface"] == "jupyterlab"
+    assert "launch_buttons" not in website.site_config(REPO, None, "main", hub="https://hub.example.org")
+    for bad in ("hub.example.org", "ftp://hub.example.org", "https://hub.example.org/?next=x"):
+        with pytest.raises(ValueError, match="give the hub's address"):
+            website.site_config(REPO, "owner/qwenvl-lab", "main", hub=bad)
 
 
 def test_launch_buttons_open_the_learners_copy_and_folder_links_reach_their_page():
+    hub = (
+        "https://hub.example.org/hub/user-redirect/git-pull?repo=https%3A//github.com/o/r"
+        "&urlpath=lab/tree/r/notebooks/solutions/01_solutions.ipynb&branch=main"
+    )
     page = (
         '<a href="https://mybinder.org/v2/gh/o/r/main?urlpath=lab/tree/notebooks/01_tokenizing.ipynb">'
         '<a href="https://mybinder.org/v2/gh/o/r/main?urlpath=lab/tree/notebooks/solutions/01_solutions.ipynb">'
+        f'<a href="{hub}">'
         '<a class="reference internal" href="#solutions/">'
     )
     fixed = website.fix_links(page, "notebooks/00_welcome.html")
     assert "urlpath=lab/tree/my-notebooks/01_tokenizing.ipynb" in fixed
-    assert "urlpath=lab/tree/notebooks/solutions/01_solutions.ipynb" in fixed  # solutions are read, not copied
+    assert "urlpath=lab/tree/my-notebooks/solutions/01_solutions.ipynb" in fixed  # the copy start makes on Binder
+    assert f'href="{hub}"' in fixed  # on the hub, nbgitpuller's clone is the learner's own
     assert 'href="../docs/site/solutions.html"' in fixed
     front = website.fix_links('<a href="#notebooks/solutions/">', "README.html")
     assert front == '<a href="docs/site/solutions.html">'

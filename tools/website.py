@@ -2,8 +2,11 @@
 their stored outputs (nothing is executed) and docs/ into build/site/_build/html (`make site`).
 
 Jupyter Book 1.x (Sphinx) builds offline; 2.x (the MyST engine) fetches its site template from api.mystmd.org at
-build time. A notebook's "launch" button opens the learner's copy on Binder (lab/tree/my-notebooks/…, which the
-repository's `start` makes), for the GitHub repository named by --repository or the clone's `origin` remote.
+build time. With a GitHub repository (--repository, else the clone's `origin` remote) a notebook's page gets launch
+buttons: Binder, opening the learner's copy (lab/tree/my-notebooks/…, which the repository's `start` makes, the
+solutions' in my-notebooks/solutions/), and with --hub a class JupyterHub, where nbgitpuller pulls the repository
+into the learner's home (or merges its updates into their clone) and opens the notebook there. Without a repository
+the pages get no launch buttons.
 """
 
 import argparse
@@ -22,7 +25,11 @@ OUTPUT = Path("build") / "site"
 GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
 # folders the course's markdown links to, and the page that stands for each on the site
 FOLDER_PAGES = {"notebooks/solutions": "docs/site/solutions.html"}
-COURSE_LAUNCH = re.compile(r"(urlpath=lab/tree/)notebooks/(\d\d_[\w-]+\.ipynb)")
+# a Binder launch URL of a course notebook or a solution: the learner's copy is my-notebooks/… (the `start` script)
+BINDER_LAUNCH = re.compile(
+    r"(https://mybinder\.org/v2/[^\"?]+\?urlpath=lab/tree/)notebooks/((?:solutions/)?\d\d_[\w-]+\.ipynb)"
+)
+HUB_URL = re.compile(r"^https?://[\w.-]+(?::\d+)?(?:/[\w.~-]+)*/?$")  # a JupyterHub's address: scheme, host, path
 
 
 def github_repository(root: Path, given: str | None = None) -> str | None:
@@ -36,12 +43,23 @@ def github_repository(root: Path, given: str | None = None) -> str | None:
     return match.group(1) if match else None
 
 
-def site_config(root: Path, repository: str | None, branch: str) -> str:
-    """docs/site/_config.yml with the repository's address for the launch and repository buttons."""
-    config = (root / SITE / "_config.yml").read_text(encoding="utf-8")
-    if repository is None:  # Jupyter Book refuses a repository button without a repository
-        return config.replace("use_repository_button: true", "use_repository_button: false")
-    return config + f"repository:\n  url: https://github.com/{repository}\n  branch: {branch}\n"
+def site_config(root: Path, repository: str | None, branch: str, hub: str | None = None) -> dict:
+    """docs/site/_config.yml with the launch buttons this build gets: Binder for a GitHub `repository`, and a class
+    JupyterHub (through nbgitpuller) when `hub` is its address too; neither without a repository (Jupyter Book's own
+    default repository would otherwise fill the Binder button)."""
+    import yaml  # noqa: PLC0415 — Jupyter Book's own dependency, asked for only when the site is built
+
+    config = yaml.safe_load((root / SITE / "_config.yml").read_text(encoding="utf-8"))
+    if hub is not None and not HUB_URL.match(hub):
+        raise ValueError(f"--hub {hub!r}: give the hub's address, e.g. https://hub.example.org")
+    if repository is None:
+        config.pop("launch_buttons", None)
+        config["html"]["use_repository_button"] = False  # Jupyter Book refuses one without a repository
+        return config
+    config["repository"] = {"url": f"https://github.com/{repository}", "branch": branch}
+    if hub is not None:
+        config["launch_buttons"]["jupyterhub_url"] = hub.rstrip("/")
+    return config
 
 
 def site_toc(root: Path) -> dict:
@@ -69,7 +87,7 @@ def site_toc(root: Path) -> dict:
 def fix_links(html: str, page: str) -> str:
     """A built page with the launch buttons opening the learner's copy (my-notebooks/) and links to a folder of the
     repository pointing at the page that stands for it (`page`: the page's path in the site)."""
-    html = COURSE_LAUNCH.sub(r"\1my-notebooks/\2", html)
+    html = BINDER_LAUNCH.sub(r"\1my-notebooks/\2", html)
     up = "../" * page.count("/")
     for folder, target in FOLDER_PAGES.items():
         for link in {folder, os.path.relpath(folder, os.path.dirname(page) or ".")}:
@@ -77,12 +95,14 @@ def fix_links(html: str, page: str) -> str:
     return html
 
 
-def build(root: Path, repository: str | None, branch: str = "main", output: Path | None = None) -> Path:
+def build(
+    root: Path, repository: str | None, branch: str = "main", output: Path | None = None, hub: str | None = None
+) -> Path:
     """Build the site into `output` (default build/site/ in the clone); the folder of its HTML."""
     output = root / OUTPUT if output is None else output
     output.mkdir(parents=True, exist_ok=True)
     config = output / "_config.yml"
-    config.write_text(site_config(root, repository, branch), encoding="utf-8")
+    config.write_text(json.dumps(site_config(root, repository, branch, hub), indent=1), encoding="utf-8")
     toc = output / "_toc.yml"
     toc.write_text(json.dumps(site_toc(root), indent=1, ensure_ascii=False), encoding="utf-8")
     command = [
@@ -116,7 +136,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--branch", default="main", help="the branch Binder builds (default: %(default)s)")
     parser.add_argument("--output", type=Path, help="where the site goes (default: build/site/ in the clone)")
+    parser.add_argument(
+        "--hub",
+        help="a class JupyterHub's address (with nbgitpuller): the pages also get a button that opens the notebook there",
+    )
     args = parser.parse_args(argv)
+    if args.hub is not None and not HUB_URL.match(args.hub):
+        parser.error(f"--hub {args.hub!r}: give the hub's address, e.g. https://hub.example.org")
     root = checkout_dir()
     if root is None or not (root / SITE / "_toc.yml").is_file():
         parser.error("run it from a clone of the course (docs/site/ holds the site's configuration)")
@@ -126,9 +152,12 @@ def main(argv=None) -> int:
         parser.error("Jupyter Book is not installed: pip install -e '.[site]' (make site does)")
     repository = github_repository(root, args.repository)
     if repository is None:
-        print("no GitHub repository (--repository owner/name, or an origin remote): the pages get no launch buttons")
+        print(
+            "no GitHub repository (--repository owner/name, or an origin remote): the pages get no launch buttons"
+            + (" (the JupyterHub button needs the repository that nbgitpuller pulls)" if args.hub else "")
+        )
     try:
-        html = build(root, repository, args.branch, args.output)
+        html = build(root, repository, args.branch, args.output, args.hub)
     except subprocess.CalledProcessError as err:
         print(f"python tools/website.py: Jupyter Book failed (exit {err.returncode}); its output is above")
         return 1

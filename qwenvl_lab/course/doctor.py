@@ -33,6 +33,8 @@ PYTHON_TO_GET = "3.12"  # supported, and packaged for every common system
 TORCH_VERSION = "2.13.0"  # the Makefile's TORCH_VERSION
 TORCH_MIN = (2, 11)  # pyproject.toml: torch>=2.11
 TORCH_INDEX_ENV = "TORCH_INDEX"  # the Makefile passes its TORCH_INDEX; empty: PyPI's build (CUDA on Linux)
+WHEELHOUSE_ENV = "WHEELHOUSE"  # the Makefile passes its WHEELHOUSE: a folder of wheels (make wheelhouse)
+WHEELHOUSE_FOLDER = "wheelhouse"  # in the clone: where make looks for one by default
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # the Makefile's default TORCH_INDEX
 PYPI = "https://pypi.org/simple/"
 # PyPI's Linux x86_64 torch 2.13.0 with the NVIDIA libraries it pulls in (sizes of the wheels on PyPI, cp312)
@@ -288,23 +290,69 @@ def local_torch_wheel(build: str, find_links, version_info=sys.version_info, mac
     return None
 
 
-def check_package_index(probe=answers, settings=None) -> Check:
-    """The package index pip installs from (PyPI unless pip's configuration names another) answers."""
+def wheelhouse(environ=None, clone=CLONE):
+    """The wheelhouse make installs from first: $WHEELHOUSE when set, else wheelhouse/ in the clone; None when
+    there is none (a named folder that does not exist is returned: the wheelhouse check says so)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(WHEELHOUSE_ENV):
+        return Path(environ[WHEELHOUSE_ENV]).expanduser()
+    found = clone / WHEELHOUSE_FOLDER
+    return found if found.is_dir() else None
+
+
+def check_wheelhouse(folder=None, version_info=sys.version_info, machine=None, system=None) -> Check:
+    """A wheelhouse, if there is one: its wheels, and whether it holds torch for this Python and machine."""
+    folder = wheelhouse() if folder is None else folder
+    if folder is None:
+        return Check("wheelhouse", OK, "none (make wheelhouse makes one for a room without fast internet)")
+    if not folder.is_dir():
+        return Check(
+            "wheelhouse", FAIL, f"{folder} is not a folder", "give WHEELHOUSE= the folder that make wheelhouse filled"
+        )
+    wheels = sorted(p.name for p in folder.glob("*.whl"))
+    tag = "cp{}{}".format(*version_info[:2])
+    arch = {"AMD64": "amd64", "arm64": "arm64", "aarch64": "aarch64"}.get(machine or platform.machine(), machine)
+    torch = [w for w in wheels if w.startswith(f"torch-{TORCH_VERSION}") and f"-{tag}-" in w and (arch or "") in w]
+    detail = f"{folder}: {len(wheels)} wheels"
+    if not torch:
+        return Check(
+            "wheelhouse",
+            WARN,
+            f"{detail}, none of them torch {TORCH_VERSION} for Python {_dotted(version_info[:2])} on "
+            f"{system or platform.system()} {machine or platform.machine()}: make downloads it",
+            "make wheelhouse on a machine with internet, for this Python and platform (docs/install.md)",
+        )
+    return Check("wheelhouse", OK, f"{detail}, with {torch[0]}; make installs from it first, with no network")
+
+
+def check_package_index(probe=answers, settings=None, folder=None) -> Check:
+    """The package index pip installs from (PyPI unless pip's configuration names another) answers; unreachable
+    beside a wheelhouse, only a warning: make installs from the wheelhouse first."""
     settings = pip_settings() if settings is None else settings
     index = settings["index-url"] or PYPI
     why = probe(index)
     if why is None:
         return Check("index", OK, f"{index} answers")
+    folder = wheelhouse() if folder is None else folder
+    if folder is not None and folder.is_dir():
+        return Check(
+            "index",
+            WARN,
+            f"{index} does not answer ({why}); make installs from the wheelhouse {folder} first",
+            "if make then names a missing wheel: connect, or make wheelhouse again with it",
+        )
     return Check(
         "index",
         FAIL,
         f"{index} does not answer ({why})",
-        "connect to the internet, or give pip your network's proxy (https_proxy=…) or index (pip.conf: index-url)",
+        "connect to the internet, give pip your network's proxy (https_proxy=…) or index (pip.conf: index-url), or "
+        "install from a wheelhouse: make lab WHEELHOUSE=/path (make wheelhouse fills one where there is internet)",
     )
 
 
 def check_torch_index(probe=answers, settings=None, torch_index=None, system=None, installed=None) -> Check:
-    """Linux: the PyTorch index of the CPU build answers, or pip's own sources hold its wheel (find-links)."""
+    """Linux: the PyTorch index of the CPU build answers, or pip's own sources hold its wheel (find-links, the
+    wheelhouse)."""
     torch_index = _torch_index() if torch_index is None else torch_index
     system = system or platform.system()
     if util.find_spec("torch") is not None if installed is None else installed:
@@ -315,9 +363,10 @@ def check_torch_index(probe=answers, settings=None, torch_index=None, system=Non
         return Check("torch-index", OK, f"TORCH_INDEX= (empty): PyPI's torch, {CUDA_TORCH_COST}")
     settings = pip_settings() if settings is None else settings
     build = torch_index.rstrip("/").rsplit("/", 1)[-1]
-    wheel = local_torch_wheel(build, settings["find-links"])
+    folder = wheelhouse()
+    wheel = local_torch_wheel(build, settings["find-links"] + ([str(folder)] if folder is not None else []))
     if wheel is not None:
-        return Check("torch-index", OK, f"torch {TORCH_VERSION}+{build} from pip's find-links: {wheel}")
+        return Check("torch-index", OK, f"torch {TORCH_VERSION}+{build} from pip's own sources: {wheel}")
     why = probe(torch_index.rstrip("/") + "/torch/")
     if why is None:
         return Check("torch-index", OK, f"{torch_index} answers")
@@ -326,15 +375,16 @@ def check_torch_index(probe=answers, settings=None, torch_index=None, system=Non
         "torch-index",
         FAIL,
         f"{torch_index} does not answer ({why}): make cannot install torch's {build} build",
+        f"make lab WHEELHOUSE=/path installs from a wheelhouse (make wheelhouse fills one where there is internet); "
         f"make lab TORCH_INDEX= installs PyPI's torch instead ({CUDA_TORCH_COST}); "
         f"or put {wheel_name} in a folder named in pip.conf's find-links",
     )
 
 
 # before installing: all of these; once installed, the second stage's python, disk and memory checks replace theirs
-PREFLIGHT = (check_python, check_venv, check_make, check_install_disk, check_install_memory)
+PREFLIGHT = (check_python, check_venv, check_make, check_install_disk, check_install_memory, check_wheelhouse)
 NETWORK = (check_package_index, check_torch_index)
-REPLACED_ONCE_INSTALLED = (check_python, check_install_disk, check_install_memory, check_torch_index)
+REPLACED_ONCE_INSTALLED = (check_python, check_install_disk, check_install_memory, check_torch_index, check_wheelhouse)
 
 
 # the second stage: the installed course

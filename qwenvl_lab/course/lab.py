@@ -12,10 +12,13 @@ JupyterLab opens at the repository's top level on my-notebooks/00_welcome.ipynb;
 On a shared server the course is installed once, read-only, and each learner's work goes to a folder of their own
 (`--workdir ~/qwenvl-lab`): my-notebooks/, course-output/, and links to the course's data/, notebooks/ and
 qwenvl_lab/, so the notebooks' relative paths (../data/images/…) hold there too. `--run COMMAND …` starts another
-server command (JupyterHub's jupyterhub-singleuser, Binder's) in that folder with the course's settings.
+server command (JupyterHub's jupyterhub-singleuser, Binder's) in that folder with the course's settings. On a class
+hub whose learners get the notebooks through nbgitpuller (a clone of the repository in their home, merged with each
+update), `--no-copy` makes neither copies nor links: the server only gets the course's settings and output folder.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -167,6 +170,20 @@ def lab_environment(root: Path, environ=None, workdir: Path | None = None) -> di
     return env
 
 
+def missing_jupyterlab(root: Path, python: str | None = None) -> str | None:
+    """None when this Python has JupyterLab; else what to run instead: the clone's .venv (which `make lab` makes),
+    or how to install the course into this Python."""
+    if importlib.util.find_spec("jupyterlab") is not None:
+        return None
+    python = python or sys.executable
+    venv = root / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if venv.exists() and venv.absolute() != Path(python).absolute():
+        way = f"the course's environment is {venv}: run `make lab`, or `{venv} -m qwenvl_lab.course.lab`"
+    else:
+        way = "install the course into it first: `make lab`, or `python -m pip install -e '.[course]'` in the clone"
+    return f"JupyterLab is not installed in this Python ({python}); {way}"
+
+
 def run_until_exit(command: list[str], cwd: Path, env: dict[str, str]) -> int:
     """Run `command` and return its exit status; Ctrl+C reaches it too, so it decides when to stop."""
     process = subprocess.Popen(command, cwd=cwd, env=env)
@@ -202,6 +219,12 @@ def main(argv=None) -> int:
         "else the clone)",
     )
     parser.add_argument(
+        "--no-copy",
+        action="store_true",
+        help="make no notebook copies and no links in the folder (a class hub whose learners pull the notebooks "
+        "with nbgitpuller)",
+    )
+    parser.add_argument(
         "--run",
         nargs=argparse.REMAINDER,
         metavar="COMMAND",
@@ -224,8 +247,14 @@ def main(argv=None) -> int:
             + (f"; your copy is now {backup.relative_to(workdir)}" if backup else "")
         )
         return 0
-    prepare_workdir(root, workdir)
-    copied = copy_course_notebooks(course, mine)
+    if args.run is None and (problem := missing_jupyterlab(root)) is not None:
+        parser.error(problem)  # before anything is copied
+    if args.no_copy:
+        workdir.mkdir(parents=True, exist_ok=True)
+        copied = []
+    else:
+        prepare_workdir(root, workdir)
+        copied = copy_course_notebooks(course, mine)
     if copied:
         print(
             f"copied {len(copied)} course notebook(s) into {MY_FOLDER}/ (your work goes there; "
