@@ -13,6 +13,8 @@
 #   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
 #                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
+#   make float-order         nbval over every notebook and solution three times: as this machine runs them, with one
+#                            thread (OMP_NUM_THREADS=1) and with ATen's plain kernels (ATEN_CPU_CAPABILITY=default)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
 #   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
 #   make clean-all           also remove .venv and my-notebooks/ (your notebook copies)
@@ -58,7 +60,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # that message is filtered out, by its text
 PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
+.PHONY: setup lab doctor reset test lint unit notebooks float-order browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load
 
 setup: $(COURSE_STAMP)
 
@@ -150,6 +152,18 @@ unit: $(TEST_STAMP)
 notebooks: $(TEST_STAMP)
 	$(PYTEST) --nbval --nbval-current-env notebooks
 
+# A stored output must not depend on the order in which floats are summed (CONTRIBUTING.md): the notebooks' kernels
+# run once as the machine runs them, once on one thread (other partial sums), once with ATen's kernels for no SIMD
+# extension (other vector widths); every run must match the stored outputs. All three run, then the status says.
+FLOAT_ORDER_RUNS := default OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default
+float-order: $(TEST_STAMP)
+	@failed=; for run in $(FLOAT_ORDER_RUNS); do \
+	    echo "== nbval, $$run"; \
+	    if [ "$$run" = default ]; then vars=; else vars=$$run; fi; \
+	    env $$vars $(PYTEST) --nbval --nbval-current-env notebooks || failed="$$failed $$run"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "stored outputs differ under:$$failed (the diffs are above)" >&2; exit 1; fi
+
 browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
@@ -189,7 +203,7 @@ $(HUB_STAMP): $(COURSE_STAMP)
 	touch $@
 
 class-load: $(HUB_STAMP)
-	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
+	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) --overwrite $(CLASS_ARGS)
 
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py

@@ -304,13 +304,14 @@ def test_a_full_disk_or_a_read_only_folder_is_one_clear_error(tiny_checkpoint, t
         )
 
     monkeypatch.setattr(build_module, "save_file", full)
-    with pytest.raises(OSError, match=rf"no space left on the device of {tmp_path}: free some space") as err:
+    full_disk = rf"could not write {engine} \(no space left on the device of {tmp_path}\): free some space"
+    with pytest.raises(OSError, match=full_disk) as err:
         build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
     assert "\n" not in str(err.value) and ".tmp" not in str(err.value)
     monkeypatch.undo()
     refuse_writes_in(monkeypatch, tmp_path)
     with pytest.raises(
-        PermissionError, match=rf"cannot write in {tmp_path} \(permission denied\): build into a"
+        PermissionError, match=rf"cannot write {engine} in {tmp_path} \(permission denied\): give a directory"
     ) as err:
         build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
     assert ".tmp" not in str(err.value) and ".lock" not in str(err.value)
@@ -339,12 +340,18 @@ def test_a_failed_build_leaves_the_previous_engine_as_it_was(tiny_checkpoint, tm
     assert load_engine_config(engine)[0] == SMALL
 
 
-def test_a_killed_builds_leftovers_are_removed_by_the_next_build(tiny_checkpoint, tmp_path):
+def test_a_killed_builds_leftovers_are_removed_by_the_next_build_and_nothing_else(tiny_checkpoint, tmp_path):
     leftover = tmp_path / ".engine.k3j9.tmp"  # what a build killed before its rename leaves beside the engine
     (leftover / "llm").mkdir(parents=True)
     (leftover / "llm" / "rank0.safetensors").write_bytes(b"half")
+    mark = {"made_by": "qwenvl-lab", "writer": "engine", "staging": True, "target": "engine", "pid": 1}
+    (leftover / ".qwenvl-lab-made").write_text(json.dumps(mark))  # its mark, written first; its writer is gone
+    for name in (".engine.old.tmp", ".engine.backup-2024.tmp"):  # the user's, named alike, without the mark
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "keep.txt").write_text("mine")
     build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
-    assert beside(tmp_path) == ["engine"]
+    assert beside(tmp_path) == [".engine.backup-2024.tmp", ".engine.old.tmp", "engine"]
+    assert all((tmp_path / name / "keep.txt").read_text() == "mine" for name in beside(tmp_path)[:2])
 
 
 def damage_in_place(path: Path, where: float) -> None:
