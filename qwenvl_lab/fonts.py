@@ -19,6 +19,7 @@ from pathlib import Path
 from PIL import ImageFont
 
 from . import files, resources
+from .checks.values import check_path
 
 FAMILY = "qwenvl-lab CJK"  # the shipped subset's family name (renamed: the machine may hold the full font too)
 FONT_FILE_NAME = "qwenvl-lab-cjk.ttf"
@@ -138,6 +139,9 @@ def make_subset(source: Path, characters, out: Path, overwrite: bool = False) ->
     overwrite=True replacing it), renamed FAMILY; its size."""
     from fontTools import subset
     from fontTools.ttLib import TTFont
+
+    source = check_path("source", source)
+    files.check_destination(out, FONT_WRITER, folder=False, overwrite=overwrite)  # before the work
 
     options = subset.Options()
     options.layout_features, options.hinting, options.name_IDs = [], False, ["*"]

@@ -215,6 +215,8 @@ def load_trtllm_checkpoint(checkpoint_dir, hf_dir=None, dtype=None) -> QWenLMHea
 
     Without `hf_dir` the tower is a small NoVisionWeights that refuses to run: images must then come as a prompt_table.
     """
+    if hf_dir is not None:
+        hf_dir = check_path("hf_dir", hf_dir)
     config = read_trtllm_config(checkpoint_dir)
     ranks = [load_file(str(Path(checkpoint_dir) / f"rank{r}.safetensors")) for r in range(config["mapping"]["tp_size"])]
     state = {hf_name(name): unshard(name, [part[name] for part in ranks], config["vocab_size"]) for name in ranks[0]}

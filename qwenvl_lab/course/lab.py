@@ -52,6 +52,7 @@ def course_root() -> Path:
 
 def course_notebooks(course: Path) -> list[Path]:
     """The course's notebooks, then their solutions (course/solutions/)."""
+    course = check_path("course", course)
     return sorted(course.glob("*.ipynb")) + sorted((course / SOLUTIONS_FOLDER).glob("*.ipynb"))
 
 

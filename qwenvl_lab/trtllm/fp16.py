@@ -55,7 +55,7 @@ def to_float16_onnx(onnx_path, out_path, keep_fp32=KEEP_FP32, overwrite: bool = 
 def onnx_runtime_encoders(onnx_path, workdir) -> dict[str, OnnxVisualEncoder]:
     """The exported tower `onnx_path` (float32) as three CPU vision engines: the float32 graph, its float16 copy, and
     its float16 copy with LayerNorm in float32 (the float16 graphs are written under `workdir`)."""
-    workdir = Path(workdir)
+    onnx_path, workdir = check_path("onnx_path", onnx_path), check_path("workdir", workdir)
     return {
         "ONNX Runtime float32 graph": OnnxVisualEncoder(onnx_path),
         "ONNX Runtime float16 graph": OnnxVisualEncoder(

@@ -97,7 +97,7 @@ def _export(tower, onnx_path: Path) -> None:
 
 def declare_output_shape(onnx_path, hidden: int) -> None:
     """Write `output`'s shape as [batch, 256, H]: shape inference loses the 256 queries inside the resampler."""
-    graph_model = onnx.load(str(onnx_path), load_external_data=False)  # weights stored beside it stay there
+    graph_model = onnx.load(str(check_path("onnx_path", onnx_path)), load_external_data=False)  # weights stay beside
     dims = graph_model.graph.output[0].type.tensor_type.shape.dim
     dims[1].dim_value, dims[2].dim_value = N_QUERIES, hidden
     mark_as_ours(graph_model)

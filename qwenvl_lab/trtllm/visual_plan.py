@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from .. import files
-from ..checks.values import is_int
+from ..checks.values import check_path, is_int
 from ..vision import preprocess_images
 from .gpu import require_gpu_stack
 from .vision_graph import INPUT_NAME, OUTPUT_NAME, onnx_image_size
@@ -31,7 +31,7 @@ def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
 
 def graph_float_types(onnx_path) -> set[str]:
     """The floating-point types of an ONNX graph's weights ({"FLOAT"}, {"FLOAT", "FLOAT16"}, …), read without them."""
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = onnx.load(str(check_path("onnx_path", onnx_path)), load_external_data=False).graph
     floating = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
     return {onnx.TensorProto.DataType.Name(t.data_type) for t in graph.initializer if t.data_type in floating}
 
