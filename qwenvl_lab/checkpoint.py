@@ -256,7 +256,8 @@ def _replaceable(output_dir: Path, overwrite: bool) -> None:
             f"{output_dir} is not empty: name a new folder, or pass overwrite=True (--overwrite) to replace the "
             "checkpoint there"
         )
-    held = [p for p in output_dir.iterdir() if p.name not in (files.MARK, *files.DISPOSABLE)]
+    made = files.made_files(output_dir) or {}
+    held = [p for p in output_dir.iterdir() if p.name not in (files.MARK, *files.DISPOSABLE, *made)]
     others = [p.name for p in held if not (p.is_file() and any(p.match(pattern) for pattern in CHECKPOINT_FILES))]
     if others or not (output_dir / "config.json").is_file():
         what = f"{', '.join(sorted(others)[:3])}{' …' if len(others) > 3 else ''}" if others else "no config.json"

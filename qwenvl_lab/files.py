@@ -305,10 +305,11 @@ def _alive(folder: Path) -> bool:
         os.close(fd)
 
 
-def remove_leftovers(dest) -> list[Path]:
-    """Delete what killed writers of `dest` left beside it: staging folders marked as the package's whose writer no
-    longer runs (whole: every byte in them is the package's), and earlier versions of `dest` moved aside (only the
-    files their mark lists). Recognised by the mark, never by a name. The folders removed."""
+def remove_leftovers(dest, name: str | None = None) -> list[Path]:
+    """Delete what killed writers of `dest` (or, given its `name`, of any destination of that writer: a numbering
+    writer's next run writes another name) left beside it: staging folders marked as the package's whose writer no
+    longer runs (whole: every byte in them is the package's), and finished ones or earlier versions moved aside (only
+    the files their mark lists). Recognised by the mark, never by a name. The folders removed."""
     dest = Path(dest)
     removed = []
     try:
@@ -319,13 +320,13 @@ def remove_leftovers(dest) -> list[Path]:
         if path.is_symlink() or not path.is_dir():
             continue
         mark = read_mark(path)
-        if mark is None or mark.get("target") != dest.name:
+        if mark is None or (mark.get("target") != dest.name and (name is None or mark.get("writer") != name)):
             continue
         if mark.get("staging"):
             if not _alive(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
-        elif not remove_made(path, report=dest):  # a finished folder under a hidden .tmp name: moved aside
+        elif not _alive(path) and not remove_made(path, report=dest):  # finished, under a hidden name: moved aside
             removed.append(path)
     return removed
 
@@ -334,7 +335,7 @@ def _staging(dest: Path, name: str, parents: bool, target) -> Path:
     """A new staging folder beside `dest`, marked as writer `name`'s and locked while this process lives."""
     if parents and not dest.parent.is_dir():
         make_folder(dest.parent, parents=True)
-    remove_leftovers(dest)
+    remove_leftovers(dest, name)
     while True:
         staging = dest.parent / f".{dest.name[:64]}.{secrets.token_hex(4)}.tmp"
         try:
@@ -371,11 +372,17 @@ def _seal(staging: Path, name: str, dest: Path) -> None:
             _sync(path)
             info = path.stat()
             listed[path.relative_to(staging).as_posix()] = [info.st_size, info.st_mtime_ns]
+    sealed = staging / f"{MARK}.sealed"  # the finished mark replaces the first in one rename, held as that was
+    fd = os.open(sealed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    content = {"made_by": "qwenvl-lab", "writer": name, "target": dest.name, "files": listed}
+    os.write(fd, (json.dumps(content, ensure_ascii=False) + "\n").encode())
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.fsync(fd)
+    os.chmod(sealed, files_mode)
+    os.replace(sealed, staging / MARK)
     _release(staging)
-    os.unlink(staging / MARK)
-    os.close(_write_mark(staging, {"writer": name, "target": dest.name, "files": listed}))
-    (staging / MARK).chmod(files_mode)
-    _sync(staging / MARK)
+    _HELD[staging] = fd
 
 
 def _sync(path: Path) -> None:
@@ -469,7 +476,7 @@ def _failure(err: BaseException, target, folder) -> WriteError | None:
     if code is None:  # safetensors reports the system's error in its message, torch.save only that it failed
         found = re.search(r"os error (\d+)|code: (\d+)", str(err))
         code = int(found[1] or found[2]) if found else None
-        if code is None and "file write failed" in str(err):
+        if code is None and re.search(r"file write failed|PytorchStreamWriter|inline_container", str(err)):
             code = errno.ENOSPC if free_bytes(_existing_ancestor(Path(folder))) < ROOM_MARGIN else errno.EIO
     if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG):
         reason = "the file grew past the size this process may write" if code == errno.EFBIG else "no space left"
@@ -480,7 +487,8 @@ def _failure(err: BaseException, target, folder) -> WriteError | None:
         reason = "a read-only file system" if code == errno.EROFS else "permission denied"
         return NotWritableError(code, f"cannot write {target} in {folder} ({reason}): give a folder you can write to")
     if code == errno.EIO:
-        return WriteError(code, f"could not write {target} in {folder} (an input/output error): {err}")
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return WriteError(code, f"could not write {target} in {folder}: {first}; check the disk, then run it again")
     return None
 
 
@@ -526,10 +534,12 @@ def writing_folder(  # noqa: PLR0913 — each writer's rule for what it may repl
             listed = (made or made_files)(dest)
             os.replace(dest, aside)
             os.replace(staging, dest)
+            _release(staging)
             _sync(dest.parent)
             remove_made(aside, listed if listed is not None else {}, also, report=dest)
         else:
             os.replace(staging, dest)
+            _release(staging)
             _sync(dest.parent)
     except BaseException as err:
         _discard(staging)

@@ -145,7 +145,7 @@ def make_subset(source: Path, characters, out: Path, overwrite: bool = False) ->
 
     options = subset.Options()
     options.layout_features, options.hinting, options.name_IDs = [], False, ["*"]
-    font = TTFont(str(source), fontNumber=0)
+    font = TTFont(str(source), fontNumber=0, recalcTimestamp=False)  # the same subset from the same font
     subsetter = subset.Subsetter(options)
     subsetter.populate(text="".join(sorted(set(characters))))
     subsetter.subset(font)

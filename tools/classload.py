@@ -685,6 +685,11 @@ def check_can_run(course: Path, proxy: str) -> None:
         )
 
 
+def save_result(path: Path, result: dict, overwrite: bool = False) -> None:
+    """Write the run's result as JSON to `path` (a new file, or with overwrite=True replacing one)."""
+    qfiles.write_text(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n", JSON_WRITER, overwrite=overwrite)
+
+
 def main(argv=None) -> int:
     """Command line: run the lone learner, then the class, write the JSON; exit status 1 on errors or differences."""
     parser = argparse.ArgumentParser(prog="python tools/classload.py", description=__doc__.split("\n")[0])
@@ -798,9 +803,7 @@ def main(argv=None) -> int:
         "learners": reports,
     }
     if args.json is not None:
-        qfiles.write_text(
-            args.json, json.dumps(result, indent=2, ensure_ascii=False) + "\n", JSON_WRITER, overwrite=args.overwrite
-        )
+        save_result(args.json, result, args.overwrite)
     print(format_summary(result))
     if result["class"]["errors"] or result["class"]["output_differences"] or written or lone_report["errors"]:
         print("hub log (end):\n" + hub_log if result["class"]["errors"] else "", file=sys.stderr)

@@ -248,15 +248,15 @@ def _chunk_count(size: int, chunk: int) -> int:
     return max(1, -(-size // chunk))
 
 
-def _write_manifest(engine_dir: Path, build_config: BuildConfig) -> None:
+def _write_manifest(staging: Path, build_config: BuildConfig) -> None:
     """manifest.json: the format, the package version, the build config, every file's size and chunk checksums."""
     sizes = {
-        p.relative_to(engine_dir).as_posix(): p.stat().st_size
-        for p in sorted(engine_dir.rglob("*"))
+        p.relative_to(staging).as_posix(): p.stat().st_size
+        for p in sorted(staging.rglob("*"))
         if p.is_file() and p.name != MARK
     }
     chunks = {n: list(range(_chunk_count(b, CHUNK_BYTES))) for n, b in sizes.items()}
-    sums = _checksums(lambda name: engine_dir / name, chunks, CHUNK_BYTES)
+    sums = _checksums(lambda name: staging / name, chunks, CHUNK_BYTES)
     manifest = {
         "format": ENGINE_VERSION,
         "package_version": package_version(),
@@ -264,7 +264,7 @@ def _write_manifest(engine_dir: Path, build_config: BuildConfig) -> None:
         "chunk_bytes": CHUNK_BYTES,
         "files": {name: {"bytes": size, "sha256": sums[name]} for name, size in sizes.items()},
     }
-    (engine_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def engine_bytes(hf_config, dtype) -> int:

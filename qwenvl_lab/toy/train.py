@@ -360,11 +360,21 @@ def state_bytes(recipe: Recipe) -> int:
     return 3 * 4 * model_sizes(recipe)[1] + 64 * 2**20
 
 
+def is_state(path) -> bool:
+    """True for a training state this package saved (a torch file of a dict with the run's recipe and progress; its
+    tensors are mapped, not read)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 — anything torch cannot read as a state is not one
+        return False
+    return isinstance(state, dict) and {"recipe", "stage", "step"} <= set(state)
+
+
 def save_state(state_dir, state: dict, need_bytes: int = 0) -> None:
     """Write the training state as state_dir/state.pt (the folder made if needed), replacing the run's earlier one
-    only once the new one is complete."""
+    (a file that is not a training state is refused) only once the new one is complete."""
     with files.writing_file(
-        Path(state_dir) / STATE_FILE, STATE_WRITER, overwrite=True, need_bytes=need_bytes, parents=True
+        Path(state_dir) / STATE_FILE, STATE_WRITER, need_bytes=need_bytes, parents=True, made=is_state
     ) as part:
         torch.save(state, part)
 
@@ -416,9 +426,9 @@ def train(  # noqa: PLR0913 — the training command line's options, one argumen
             Path(state_dir) / STATE_FILE,
             STATE_WRITER,
             folder=False,
-            overwrite=True,
             need_bytes=need_state,
             parents=True,
+            made=is_state,
         )
     trainer = Trainer(recipe, device)
     resumed = trainer.load(saved_state) if saved_state is not None else None

@@ -167,6 +167,14 @@ def checkpoint_mapping(workdir) -> tuple[int, int]:
     return field(mapping, "tp_size", "int", config_file, fix), mapping.get("pp_size", 1)
 
 
+def write_plan(onnx_path, workdir: Path, strongly_typed: bool = False) -> Path:
+    """The vision plan of `onnx_path` in workdir/plan/: the folder written whole, replacing one an earlier GPU stage
+    made (and nothing else)."""
+    with files.writing_folder(workdir / PLAN_FILE.parent, PLAN_FOLDER_WRITER, overwrite=True) as staging:
+        build_visual_plan(onnx_path, staging / PLAN_FILE.name, strongly_typed=strongly_typed)
+    return workdir / PLAN_FILE
+
+
 def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one argument each
     checkpoint,
     image,
@@ -200,10 +208,7 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
     tokenizer = load_tokenizer(checkpoint)
 
     def build() -> tuple[str, str]:
-        # the plan's folder: written whole, replacing one an earlier GPU stage made (and nothing else)
-        with files.writing_folder(workdir / PLAN_FILE.parent, PLAN_FOLDER_WRITER, overwrite=True) as staging:
-            build_visual_plan(onnx_path, staging / PLAN_FILE.name, strongly_typed=strongly_typed)
-        plan = workdir / PLAN_FILE
+        plan = write_plan(onnx_path, workdir, strongly_typed)
         log(f"[plan, GPU] vision tower → {plan}{' (strongly typed)' if strongly_typed else ''}")
         engine_dir = run_trtllm_build(json.loads((workdir / COMMAND_FILE).read_text()))
         log(f"[build, GPU] engine → {engine_dir}")

@@ -18,6 +18,15 @@ from . import DecodeStep, triton_linear
 from .triton_attention import decode_attention
 from .triton_linear import fused_linear, rms_norm
 
+
+def _tuning_file(path) -> bool:
+    """True for a tuning file this package wrote: a JSON object of tuning keys and their choices."""
+    try:
+        return isinstance(json.loads(Path(path).read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
 TUNING_WRITER = files.writer("decode tuning", "the decode kernels' tuned choices (tuning.json beside an engine)")
 
 
@@ -72,7 +81,8 @@ class TritonDecode(DecodeStep):
             return
         entries[self.tuning_key] = choices
         try:  # the runner's own file beside the engine: replaced whenever its choices change
-            files.write_text(self.tuning_file, json.dumps(entries, indent=1) + "\n", TUNING_WRITER, overwrite=True)
+            text = json.dumps(entries, indent=1) + "\n"  # the entries there (another GPU's) kept, this one's added
+            files.write_text(self.tuning_file, text, TUNING_WRITER, made=_tuning_file)
         except (OSError, ValueError) as err:
             warnings.warn(
                 f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
