@@ -16,8 +16,9 @@
 #   make float-order         nbval over every notebook and solution three times: as this machine runs them, with one
 #                            thread (OMP_NUM_THREADS=1) and with ATen's plain kernels (ATEN_CPU_CAPABILITY=default)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
-#   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
-#   make clean-all           also remove .venv and my-notebooks/ (your notebook copies)
+#   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay, and
+#                            trained models and training states move to backups/<date>/ first
+#   make clean-all           also remove .venv; my-notebooks/ (your notebook copies) moves to backups/<date>/
 #
 # Settings (make lab VAR=value):
 #   PYTHON       the interpreter that creates .venv; default: the first of python3.13, python3.12, python3.11,
@@ -208,11 +209,18 @@ class-load: $(HUB_STAMP)
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
 
+# trained models and training states in course-output/ (and, for clean-all, my-notebooks/) move to a dated folder in
+# backups/ first; everything else there is made again by the course. Any Python 3 runs it (clean-all removes .venv).
 clean:
-	rm -rf course-output build *.egg-info
+	@python="$(if $(wildcard $(PY)),$(PY),$(PYTHON_ANY))"; \
+	if [ -z "$$python" ]; then echo "error: make clean needs a Python 3 to back up trained models first" >&2; exit 1; fi; \
+	"$$python" tools/clean.py
 
-clean-all: clean
-	rm -rf $(VENV) my-notebooks
+clean-all:
+	@python="$(if $(wildcard $(PY)),$(PY),$(PYTHON_ANY))"; \
+	if [ -z "$$python" ]; then echo "error: make clean-all needs a Python 3 to back up your notebooks first" >&2; exit 1; fi; \
+	"$$python" tools/clean.py --all
+	rm -rf $(VENV)
 
 # The TensorRT path: export → plan → convert → build → answer one question. The CPU steps run in this venv, the GPU
 # steps in a TensorRT-LLM 1.2.1 environment (its transformers 4.57.3 cannot share this venv). `make trtllm-env` makes

@@ -562,6 +562,12 @@ ALLOWED = {
     ("tools/classload.py", "main", ".chmod"): "the load test's own temporary folder, made by tempfile.mkdtemp",
     ("tools/classload.py", "main", ".mkdir"): "a folder inside the load test's own temporary folder",
     ("tools/classload.py", "main", "shutil.rmtree"): "removes the load test's own temporary folder",
+    # make clean runs with any Python, before .venv exists or as it goes: it backs up trained models, training states
+    # and the learner's notebooks, then removes the course's outputs (tests/test_clean.py)
+    ("tools/clean.py", "clean", ".mkdir"): "the dated backup folder",
+    ("tools/clean.py", "clean", "shutil.move"): "a trained model, a state or my-notebooks/ into the backup",
+    ("tools/clean.py", "clean", "shutil.rmtree"): "course-output/, build/, the egg-info",
+    ("tools/clean.py", "clean", ".unlink"): "course-output or build when it is a file or a link",
 }
 
 
