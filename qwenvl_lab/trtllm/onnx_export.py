@@ -32,11 +32,23 @@ def ours_metadata(graph_model: onnx.ModelProto) -> bool:
 
 
 def ours(path) -> bool:
-    """True for an ONNX file this package wrote (its metadata says so; its weights are not read)."""
+    """True for an ONNX file this package wrote: its metadata says so, or (written before the metadata) it is a vision
+    tower with export_visual_onnx's input and output, [batch, 3, S, S] → [batch, 256, H]. Its weights are not read."""
     try:
-        return ours_metadata(onnx.load(str(path), load_external_data=False))
+        graph_model = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 — anything onnx cannot read is not ours
         return False
+    if ours_metadata(graph_model):
+        return True
+    shapes = {
+        value.name: [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
+        for value in [*graph_model.graph.input, *graph_model.graph.output]
+    }
+    size = (shapes.get(INPUT_NAME) or [None] * 4)[2]
+    return shapes.get(INPUT_NAME) == ["batch", 3, size, size] and (shapes.get(OUTPUT_NAME) or [0, 0])[:2] == [
+        "batch",
+        N_QUERIES,
+    ]
 
 
 def visual_tower_of(model_or_checkpoint) -> VisionTransformer:
