@@ -129,9 +129,7 @@ def convert_to_trtllm_checkpoint(  # noqa: PLR0913 — the conversion's options,
         expected = {k: v for k, v in QWenLMHeadModel(hf_config).state_dict().items() if not is_visual(k)}
     item = torch.empty((), dtype=to_torch_dtype(dtype)).element_size()
     need = sum(t.numel() for t in expected.values()) * item + 2**20
-    files.check_destination(
-        output_dir, CHECKPOINT_WRITER, folder=True, overwrite=overwrite, need_bytes=need, parents=True
-    )
+    check_trtllm_destination(output_dir, overwrite, need)
     state = dict(iter_weights(checkpoint_dir, keep=lambda key: not is_visual(key)))
     check_state_dict(state, expected)
     weights = to_trtllm_names(state)
@@ -142,12 +140,60 @@ def convert_to_trtllm_checkpoint(  # noqa: PLR0913 — the conversion's options,
         for rank, part in enumerate(ranks):
             part[name] = shard(name, tensor, tp_size, rank).contiguous()
     with files.writing_folder(
-        output_dir, CHECKPOINT_WRITER, overwrite=overwrite, need_bytes=need, parents=True
+        output_dir,
+        CHECKPOINT_WRITER,
+        overwrite=overwrite,
+        need_bytes=need,
+        parents=True,
+        allow=_replaceable,
+        made=_made,
     ) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for rank, part in enumerate(ranks):
             save_file(part, str(staging / f"rank{rank}.safetensors"), metadata={"format": "pt"})
     return Path(output_dir)
+
+
+def _made(folder: Path) -> dict | None:
+    """The files a conversion wrote in `folder`: its mark's list, or for one converted before marks, its config.json and
+    rank files when that is all it holds (a TensorRT-LLM checkpoint of this package's format)."""
+    listed = files.made_files(folder)
+    if listed is not None:
+        return listed
+    names = {p.name for p in folder.iterdir()} - files.DISPOSABLE
+    ranks = {n for n in names if n.startswith("rank") and n.endswith(".safetensors")}
+    try:
+        architecture = json.loads((folder / "config.json").read_text()).get("architecture")
+    except (OSError, ValueError, AttributeError):
+        architecture = None
+    if ranks and names == ranks | {"config.json"} and architecture in ARCHITECTURES:
+        return {name: [] for name in names}
+    return None
+
+
+def check_trtllm_destination(output_dir, overwrite: bool = False, need_bytes: int = 0) -> Path:
+    """Refuse, before any work, a folder convert_to_trtllm_checkpoint must not write (see files.check_destination):
+    one that is not empty, unless it holds a conversion of this package and overwrite=True."""
+    return files.check_destination(
+        output_dir,
+        CHECKPOINT_WRITER,
+        folder=True,
+        overwrite=overwrite,
+        need_bytes=need_bytes,
+        parents=True,
+        allow=_replaceable,
+    )
+
+
+def _replaceable(folder: Path, overwrite: bool) -> None:
+    """Refuse a folder that is not empty unless it is a conversion of this package and overwrite=True."""
+    if _made(folder) is None:
+        raise FileExistsError(
+            f"{folder} is not empty and holds no TensorRT-LLM checkpoint this package wrote: refusing to write one "
+            "over it; give a new or empty folder"
+        )
+    if not overwrite:
+        raise FileExistsError(f"{folder} already holds a TensorRT-LLM checkpoint: pass overwrite=True to replace it")
 
 
 TRTLLM_FIX = "point at a directory written by convert_to_trtllm_checkpoint (convert the checkpoint again)"

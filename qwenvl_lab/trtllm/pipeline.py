@@ -77,7 +77,11 @@ def prepare(  # noqa: PLR0913 — the prepare stage's options, one argument each
     # the model code needs transformers 5, absent from the TensorRT-LLM environment that runs the GPU stage
     from ..checkpoint import load_config  # noqa: PLC0415 — the course environment only
     from ..engine.build import engine_bytes  # noqa: PLC0415 — the course environment only
-    from ..unified_checkpoint import CHECKPOINT_WRITER, convert_to_trtllm_checkpoint  # noqa: PLC0415
+    from ..unified_checkpoint import (  # noqa: PLC0415 — the course environment only
+        CHECKPOINT_WRITER,
+        check_trtllm_destination,
+        convert_to_trtllm_checkpoint,
+    )
     from .fp16 import to_float16_onnx  # noqa: PLC0415 — onnx: the course environment
     from .onnx_export import ONNX_WRITER, export_visual_onnx, ours  # noqa: PLC0415 — the model: the course environment
 
@@ -93,15 +97,12 @@ def prepare(  # noqa: PLR0913 — the prepare stage's options, one argument each
     outputs += [(ONNX_FP16_FILE, ONNX_WRITER, False, ours)] if strongly_typed else []
     outputs += [(REFERENCE_FILE, WRITER, False, _is_reference_file)] if reference is not None else []
     for path, writer, folder, made in outputs:  # refused now, not after minutes of export
-        files.check_destination(
-            workdir / path,
-            writer,
-            folder=folder,
-            overwrite=overwrite or folder,
-            need_bytes=weights,
-            parents=True,
-            made=made,
-        )
+        if folder:
+            check_trtllm_destination(workdir / path, overwrite=True, need_bytes=weights)
+        else:
+            files.check_destination(
+                workdir / path, writer, folder=False, overwrite=overwrite, need_bytes=weights, parents=True, made=made
+            )
     onnx_path = export_visual_onnx(checkpoint, workdir / ONNX_FILE, overwrite=overwrite)
     log(f"[export, CPU] vision tower → {onnx_path}")
     if strongly_typed:
@@ -167,10 +168,28 @@ def checkpoint_mapping(workdir) -> tuple[int, int]:
     return field(mapping, "tp_size", "int", config_file, fix), mapping.get("pp_size", 1)
 
 
+def _plans(folder: Path) -> dict | None:
+    """The plans a GPU stage wrote in `folder`: its mark's list, or (written before marks) its .plan files when that
+    is all it holds."""
+    listed = files.made_files(folder)
+    if listed is not None:
+        return listed
+    names = {p.name for p in folder.iterdir()} - files.DISPOSABLE
+    return {name: [] for name in names} if names and all(n.endswith(".plan") for n in names) else None
+
+
+def _plan_folder(folder: Path, overwrite: bool) -> None:
+    """Refuse a plan folder holding anything but plans of this package."""
+    if _plans(folder) is None:
+        raise FileExistsError(f"{folder} holds files the GPU stage did not write: move them, or give another --workdir")
+
+
 def write_plan(onnx_path, workdir: Path, strongly_typed: bool = False) -> Path:
     """The vision plan of `onnx_path` in workdir/plan/: the folder written whole, replacing one an earlier GPU stage
     made (and nothing else)."""
-    with files.writing_folder(workdir / PLAN_FILE.parent, PLAN_FOLDER_WRITER, overwrite=True) as staging:
+    with files.writing_folder(
+        workdir / PLAN_FILE.parent, PLAN_FOLDER_WRITER, overwrite=True, allow=_plan_folder, made=_plans
+    ) as staging:
         build_visual_plan(onnx_path, staging / PLAN_FILE.name, strongly_typed=strongly_typed)
     return workdir / PLAN_FILE
 
