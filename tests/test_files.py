@@ -9,7 +9,15 @@ import pytest
 
 from qwenvl_lab import files
 
-WRITER = files.writer("test writer", "a test's output")
+WRITER = "test writer"  # registered by the fixture below for each test, so that the registry holds only real writers
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    """The test writer in files.WRITERS for the test's length (tests/test_writers.py checks every one has a driver)."""
+    files.writer(WRITER, "a test's output")
+    yield
+    del files.WRITERS[WRITER]
 
 
 def mark(folder, **content):

@@ -59,6 +59,7 @@ NOT_PATHS = {
     "qwenvl_lab.files.made_files": "reads a mark in a folder it was given, refusing nothing",
     "qwenvl_lab.files.backup_name": "a name, not opened",
     "qwenvl_lab.trtllm.onnx_export.ours": "a recogniser: False for anything it cannot read",
+    "qwenvl_lab.toy.train.is_state": "a recogniser: False for anything it cannot read",
     "qwenvl_lab.engine.decode.DecodeStep.__init__": "tuning_file: a runner's own, beside its checked engine",
     "qwenvl_lab.engine.decode.numba_step.NumbaDecode.__init__": "tuning_file: a runner's own",
     "qwenvl_lab.engine.decode.torch_ops.TorchDecode.__init__": "tuning_file: a runner's own",
