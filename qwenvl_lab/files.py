@@ -436,6 +436,7 @@ def remove_made(folder, made=None, also=(), report=None) -> list[str]:
         ):
             path.unlink()
     for rel in also:
+        remove_leftovers(folder / rel)  # what a killed writer of that file left beside it
         if (folder / rel).is_file() and not (folder / rel).is_symlink():
             (folder / rel).unlink()
     for path in sorted(folder.rglob("*"), key=lambda p: -len(p.parts)):
