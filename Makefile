@@ -17,9 +17,12 @@
 #   make screenshots         the browser test's gallery: a screenshot of every figure and widget of every notebook,
 #                            in course-output/browser-gallery/index.html
 #   make fuzz                the property tests with more examples (HYPOTHESIS_PROFILE=fuzz)
+#   make float-order         nbval over every notebook and solution three times: as this machine runs them, with one
+#                            thread (OMP_NUM_THREADS=1) and with ATen's plain kernels (ATEN_CPU_CAPABILITY=default)
 #   make reset NOTEBOOK=03   restore my-notebooks/03_….ipynb from the course; your copy moves to my-notebooks/backup/
-#   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay
-#   make clean-all           also remove .venv and my-notebooks/ (your notebook copies)
+#   make clean               remove course outputs (course-output/) and build leftovers; your notebooks stay, and
+#                            trained models and training states move to backups/<date>/ first
+#   make clean-all           also remove .venv; my-notebooks/ (your notebook copies) moves to backups/<date>/
 #
 # Settings (make lab VAR=value):
 #   PYTHON       the interpreter that creates .venv; default: the first of python3.13, python3.12, python3.11,
@@ -72,7 +75,7 @@ PIP := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quie
 PIP_INSTALL = pip_install() { $(if $(WHEELHOUSE),$(PIP) --no-index "$$@" 2>/dev/null || { echo "(not all in the wheelhouse $(WHEELHOUSE): the indexes too)"; $(PIP) "$$@"; },$(PIP) "$$@"); }; pip_install
 PIP_EDITABLE = $(PIP_INSTALL) -e
 
-.PHONY: setup lab doctor reset test lint unit notebooks browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load \
+.PHONY: setup lab doctor reset test lint unit notebooks float-order browser screenshots fuzz clean clean-all trtllm trtllm-env regenerate site site-test class-load \
     workshop-figures wheelhouse
 
 setup: $(COURSE_STAMP)
@@ -166,6 +169,18 @@ unit: $(TEST_STAMP)
 notebooks: $(TEST_STAMP)
 	$(PYTEST) --nbval --nbval-current-env notebooks
 
+# A stored output must not depend on the order in which floats are summed (CONTRIBUTING.md): the notebooks' kernels
+# run once as the machine runs them, once on one thread (other partial sums), once with ATen's kernels for no SIMD
+# extension (other vector widths); every run must match the stored outputs. All three run, then the status says.
+FLOAT_ORDER_RUNS := default OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default
+float-order: $(TEST_STAMP)
+	@failed=; for run in $(FLOAT_ORDER_RUNS); do \
+	    echo "== nbval, $$run"; \
+	    if [ "$$run" = default ]; then vars=; else vars=$$run; fi; \
+	    env $$vars $(PYTEST) --nbval --nbval-current-env notebooks || failed="$$failed $$run"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "stored outputs differ under:$$failed (the diffs are above)" >&2; exit 1; fi
+
 browser: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null || { echo "error: no chromium on PATH; install Debian's: apt-get install chromium" >&2; exit 1; }
 	QWENVL_LAB_BROWSER_TEST=required $(PYTEST) -m browser -v -s tests/test_browser.py
@@ -207,7 +222,7 @@ $(HUB_STAMP): $(COURSE_STAMP)
 	touch $@
 
 class-load: $(HUB_STAMP)
-	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) $(CLASS_ARGS)
+	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) --overwrite $(CLASS_ARGS)
 
 # A room without fast internet (docs/install.md): torch's CPU wheels and every dependency of the course for each
 # platform and Python a class brings, in one folder (about 1 GB a platform and Python; uv resolves each platform's
@@ -233,11 +248,18 @@ workshop-figures: $(VENV_STAMP)
 fuzz: $(TEST_STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/test_fuzz.py
 
+# trained models and training states in course-output/ (and, for clean-all, my-notebooks/) move to a dated folder in
+# backups/ first; everything else there is made again by the course. Any Python 3 runs it (clean-all removes .venv).
 clean:
-	rm -rf course-output build *.egg-info
+	@python="$(if $(wildcard $(PY)),$(PY),$(PYTHON_ANY))"; \
+	if [ -z "$$python" ]; then echo "error: make clean needs a Python 3 to back up trained models first" >&2; exit 1; fi; \
+	"$$python" tools/clean.py
 
-clean-all: clean
-	rm -rf $(VENV) my-notebooks
+clean-all:
+	@python="$(if $(wildcard $(PY)),$(PY),$(PYTHON_ANY))"; \
+	if [ -z "$$python" ]; then echo "error: make clean-all needs a Python 3 to back up your notebooks first" >&2; exit 1; fi; \
+	"$$python" tools/clean.py --all
+	rm -rf $(VENV)
 
 # The TensorRT path: export → plan → convert → build → answer one question. The CPU steps run in this venv, the GPU
 # steps in a TensorRT-LLM 1.2.1 environment (its transformers 4.57.3 cannot share this venv). `make trtllm-env` makes

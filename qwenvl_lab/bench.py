@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import transformers
 from tqdm.auto import tqdm
 
+from . import files
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .checks.tensors import to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
@@ -53,6 +54,7 @@ MODELS = ("toy", "tiny", "qwen-vl-chat")
 MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL's positions
 IMAGES_DIR = images_dir()
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
+JSON_WRITER = files.writer("bench --json", "the benchmark's results")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,8 +117,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         help="turns of the --kv-cache-reuse chat, each re-sending the history (default 4)",
     )
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument(
+        "--json", type=Path, help="write the results as JSON here (a new file in a folder that exists, or --overwrite)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
     args = parser.parse_args(argv)
+    if args.json is not None:
+        try:  # checked before the benchmark runs, not after
+            files.check_destination(args.json, JSON_WRITER, folder=False, overwrite=args.overwrite, need_bytes=2**20)
+        except (OSError, ValueError) as err:
+            parser.error(f"--json {str(args.json)!r}: {err}")
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
     if args.threads is not None and args.threads < 1:
@@ -999,8 +1009,9 @@ def main(argv=None) -> dict:
     report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **results}
     print(format_table(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        files.write_text(
+            args.json, json.dumps(report, indent=2, ensure_ascii=False) + "\n", JSON_WRITER, overwrite=args.overwrite
+        )
     return report
 
 

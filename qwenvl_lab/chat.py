@@ -16,13 +16,12 @@ import hashlib
 import os
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from .checks.tensors import INT32_MAX, as_id_list, dtype_name
-from .checks.values import check_int
+from .checks.values import check_int, check_path
 from .files import field, read_json
 from .limits import BuildConfig
 from .pictures import load_image
@@ -376,7 +375,7 @@ class GenerationSettings:
     def from_dir(cls, directory, **overrides) -> "GenerationSettings":
         """The settings of a checkpoint or engine directory's generation_config.json (Qwen-VL-Chat: sampling with
         top_p 0.3), defaults for what it leaves out, `overrides` last (e.g. do_sample=False for greedy)."""
-        file = Path(directory) / "generation_config.json"
+        file = check_path("directory", directory) / "generation_config.json"
         config = read_json(file, "give a Qwen-VL checkpoint or engine directory, or build GenerationSettings(...)")
         fix = "repair generation_config.json or pass the value as an override"
         known = {}

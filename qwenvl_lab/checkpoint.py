@@ -1,7 +1,6 @@
 """Notebook 00 — checkpoints: load a directory in Qwen-VL-Chat's layout, checking every key, and make tiny ones."""
 
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path, PurePosixPath
@@ -9,8 +8,10 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .checks.tensors import first_non_finite, to_torch_dtype
-from .files import CheckpointError, put_in_place, read_json, sibling_name
+from . import files
+from .checks.tensors import cast_finite, first_non_finite, to_torch_dtype
+from .checks.values import check_path
+from .files import CheckpointError, read_json
 from .modeling import QWenLMHeadModel, QWenVLConfig, check_visual
 from .tokenizing import vocab_file_path
 from .vision import VisionTransformer
@@ -64,6 +65,7 @@ def _shard_path(checkpoint_dir: Path, name, source: str) -> Path:
 
 def weight_files(checkpoint_dir: Path) -> list[Path]:
     """The weight shards of a checkpoint directory (via its index file when sharded), each checked to lie inside it."""
+    checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
     for name in INDEX_FILES:
         index_file = checkpoint_dir / name
         if index_file.is_file():
@@ -148,7 +150,7 @@ def iter_weights(checkpoint_dir, keep=None):
 
     A weight holding NaN or ±inf is refused by its key.
     """
-    for path in weight_files(Path(checkpoint_dir)):
+    for path in weight_files(checkpoint_dir):
         for key, tensor in _shard_tensors(path, keep):
             bad = first_non_finite(tensor) if tensor.is_floating_point() else None
             if bad is not None:
@@ -171,7 +173,7 @@ def vision_tower_from(visual_config: dict, state: dict, dtype=None) -> VisionTra
         tower = VisionTransformer(**visual_config)
     check_state_dict(state, tower.state_dict())
     if dtype is not None:
-        state = {k: v.to(to_torch_dtype(dtype)) for k, v in state.items()}
+        state = {k: cast_finite(f"transformer.visual.{k}", v, dtype) for k, v in state.items()}
     tower.load_state_dict(state, strict=True, assign=True)
     return tower.eval()
 
@@ -185,7 +187,7 @@ def load_visual_tower(checkpoint_dir, dtype=torch.float32) -> VisionTransformer:
 
 def load_config(checkpoint_dir) -> QWenVLConfig:
     """Read config.json of a Qwen-VL checkpoint directory; a value a model cannot use is named with the file."""
-    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
     if not checkpoint_dir.is_dir():
         if checkpoint_dir.exists():
             raise NotADirectoryError(
@@ -244,39 +246,61 @@ def load_checkpoint(checkpoint_dir, dtype=None, device="cpu") -> QWenLMHeadModel
 
 
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+CHECKPOINT_WRITER = files.writer("checkpoint", "a checkpoint")
 
 
-def check_checkpoint_target(output_dir, overwrite: bool = False) -> None:
-    """Refuse a folder that save_checkpoint must not write: a file, one holding anything but a checkpoint, or (without
-    overwrite) any folder that is not empty."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise FileExistsError(f"{output_dir} is a file, not a folder: name a new folder for the checkpoint")
-    held = sorted(output_dir.iterdir()) if output_dir.is_dir() else []
-    if not held:
-        return
+def _replaceable(output_dir: Path, overwrite: bool) -> None:
+    """Refuse a folder that is not empty unless overwrite=True, and one holding anything but a checkpoint."""
     if not overwrite:
         raise FileExistsError(
             f"{output_dir} is not empty: name a new folder, or pass overwrite=True (--overwrite) to replace the "
             "checkpoint there"
         )
+    made = files.made_files(output_dir) or {}
+    held = [p for p in output_dir.iterdir() if p.name not in (files.MARK, *files.DISPOSABLE, *made)]
     others = [p.name for p in held if not (p.is_file() and any(p.match(pattern) for pattern in CHECKPOINT_FILES))]
     if others or not (output_dir / "config.json").is_file():
-        what = f"{', '.join(others[:3])}{' …' if len(others) > 3 else ''}" if others else "no config.json"
+        what = f"{', '.join(sorted(others)[:3])}{' …' if len(others) > 3 else ''}" if others else "no config.json"
         raise FileExistsError(
             f"{output_dir} holds more than a checkpoint ({what}) and is not replaced: name a new folder"
         )
 
 
-def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB", overwrite: bool = False) -> Path:
+def check_checkpoint_target(output_dir, overwrite: bool = False, need_bytes: int = 0) -> Path:
+    """Refuse, before any work, a folder that save_checkpoint must not write: a file, one holding anything but a
+    checkpoint, or (without overwrite) any folder that is not empty; a folder that takes no files or has less room
+    than `need_bytes`. A checkpoint that a save replaces loses the files the package wrote (its mark lists them); one
+    it did not write is kept, moved to NAME.kept-<date>."""
+    return files.check_destination(
+        output_dir,
+        CHECKPOINT_WRITER,
+        folder=True,
+        overwrite=overwrite,
+        need_bytes=need_bytes,
+        parents=True,
+        allow=_replaceable,
+    )
+
+
+def checkpoint_bytes(model: QWenLMHeadModel) -> int:
+    """About how many bytes save_checkpoint writes for `model`: every weight at its dtype's size, and the configs."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
+
+
+def save_checkpoint(  # noqa: PLR0913 — the save's options, one argument each
+    model: QWenLMHeadModel, output_dir, max_shard_size="200MB", overwrite: bool = False, copy_in=()
+) -> Path:
     """Write config.json, generation_config.json and sharded safetensors with Qwen-VL's key names into a new or
-    empty folder (overwrite: replace the checkpoint there), atomically: written beside it, then renamed into place."""
-    output_dir = Path(output_dir)
-    check_checkpoint_target(output_dir, overwrite)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = sibling_name(output_dir)
-    os.mkdir(staging)  # with the umask's permissions
-    try:
+    empty folder (overwrite: replace the checkpoint there), atomically: written beside it, then renamed into place.
+    `copy_in`: files copied in with them (a qwen.tiktoken)."""
+    with files.writing_folder(
+        output_dir,
+        CHECKPOINT_WRITER,
+        overwrite=overwrite,
+        need_bytes=checkpoint_bytes(model) + sum(Path(p).stat().st_size for p in copy_in),
+        parents=True,
+        allow=_replaceable,
+    ) as staging:
         model.save_pretrained(staging, max_shard_size=max_shard_size)
         (staging / "generation_config.json").write_text(
             json.dumps(
@@ -294,17 +318,13 @@ def save_checkpoint(model: QWenLMHeadModel, output_dir, max_shard_size="200MB", 
             )
             + "\n"
         )
-        put_in_place(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already when the checkpoint is in place
-    return output_dir
+        for source in copy_in:
+            shutil.copyfile(source, staging / Path(source).name)
+    return Path(output_dir)
 
 
 def make_tiny_checkpoint(output_dir, seed: int = 0, with_vocab: bool = True) -> Path:
     """Write a small random Qwen-VL checkpoint (real vocab size, 256 queries, real layout) for tests."""
     torch.manual_seed(seed)
     model = QWenLMHeadModel(QWenVLConfig(**TINY_CONFIG))
-    save_checkpoint(model, output_dir, max_shard_size="60MB")
-    if with_vocab:
-        shutil.copyfile(vocab_file_path(), Path(output_dir) / "qwen.tiktoken")
-    return Path(output_dir)
+    return save_checkpoint(model, output_dir, max_shard_size="60MB", copy_in=[vocab_file_path()] if with_vocab else ())

@@ -7,9 +7,12 @@ The heavy imports (torch, transformers) happen only once a subcommand runs, so `
 import argparse
 import errno
 import importlib
+import io
 import re
 import sys
 from pathlib import Path
+
+from . import files
 
 # the one dispatch table: subcommand → (the function that runs it, as "module:function", one line of help). Each
 # module loads only when its subcommand runs; `doctor` and `lab` are the course's own commands (qwenvl_lab.course)
@@ -142,24 +145,26 @@ CLOSED_STDIN = (
 )
 
 
+PICTURE_WRITER = files.writer("chat picture", "a picture with boxes (turn-N.png)")
+
+
 def save_new_picture(folder: Path, picture) -> Path:
     """Save `picture` as the next turn-N.png in `folder`, after the highest number there: never over an earlier one."""
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = files.make_folder(folder, parents=True)
+    png = io.BytesIO()
+    picture.save(png, format="PNG")
     taken = (re.fullmatch(r"turn-([0-9]+)\.png", p.name) for p in folder.iterdir())
     n = 1 + max((int(m[1]) for m in taken if m), default=0)
     while True:
         path = folder / f"turn-{n}.png"
         try:
-            with open(path, "xb") as f:  # exclusive: a file that appeared meanwhile is never written over
-                try:
-                    picture.save(f, format="PNG")
-                except BaseException:
-                    f.close()
-                    path.unlink()
-                    raise
-            return path
-        except FileExistsError:
-            n += 1
+            if not (path.exists() or path.is_symlink()):
+                with files.writing_file(path, PICTURE_WRITER, need_bytes=png.tell()) as part:
+                    part.write_bytes(png.getvalue())
+                return path
+        except FileExistsError:  # a file that appeared meanwhile is never written over
+            pass
+        n += 1
 
 
 def attach(rest: str, write) -> list[Path]:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 from PIL import ImageFont
 
-from . import resources
+from . import files, resources
+from .checks.values import check_path
 
 FAMILY = "qwenvl-lab CJK"  # the shipped subset's family name (renamed: the machine may hold the full font too)
 FONT_FILE_NAME = "qwenvl-lab-cjk.ttf"
+FONT_WRITER = files.writer("font subset", "the CJK font subset")
 LATIN_FAMILY = "DejaVu Sans"  # matplotlib's own default font: Latin text keeps its usual look
 SYSTEM_CJK_FONTS = (  # (family name, file name): fonts of Linux packages, macOS and Windows with Chinese glyphs
     ("Noto Sans CJK SC", "NotoSansCJK-Regular.ttc"),
@@ -132,14 +134,18 @@ def common_hanzi() -> list[str]:
     return chars
 
 
-def make_subset(source: Path, characters, out: Path) -> int:
-    """Write the glyphs of `characters` from font `source` (face 0 of a .ttc) to `out`, renamed FAMILY; its size."""
+def make_subset(source: Path, characters, out: Path, overwrite: bool = False) -> int:
+    """Write the glyphs of `characters` from font `source` (face 0 of a .ttc) to `out` (a new file, or with
+    overwrite=True replacing it), renamed FAMILY; its size."""
     from fontTools import subset
     from fontTools.ttLib import TTFont
 
+    source = check_path("source", source)
+    files.check_destination(out, FONT_WRITER, folder=False, overwrite=overwrite)  # before the work
+
     options = subset.Options()
     options.layout_features, options.hinting, options.name_IDs = [], False, ["*"]
-    font = TTFont(str(source), fontNumber=0)
+    font = TTFont(str(source), fontNumber=0, recalcTimestamp=False)  # the same subset from the same font
     subsetter = subset.Subsetter(options)
     subsetter.populate(text="".join(sorted(set(characters))))
     subsetter.subset(font)
@@ -151,8 +157,9 @@ def make_subset(source: Path, characters, out: Path) -> int:
             record.string = FAMILY.replace(" ", "-")
         elif record.nameID == 5:
             record.string = f"{record.toUnicode()}; subset of {original} for qwenvl-lab"
-    font.save(str(out))
-    return out.stat().st_size
+    with files.writing_file(out, FONT_WRITER, overwrite=overwrite, need_bytes=Path(source).stat().st_size) as part:
+        font.save(str(part))
+    return Path(out).stat().st_size
 
 
 def main(argv=None) -> int:
@@ -164,7 +171,7 @@ def main(argv=None) -> int:
     if root is None:
         parser.error("run it in a checkout of the course: it reads the course's texts for their characters")
     characters = [chr(c) for c in range(32, 127)] + common_hanzi() + sorted(course_characters(root))
-    size = make_subset(args.make_subset, characters, root / "data" / "fonts" / FONT_FILE_NAME)
+    size = make_subset(args.make_subset, characters, root / "data" / "fonts" / FONT_FILE_NAME, overwrite=True)
     print(f"{root / 'data' / 'fonts' / FONT_FILE_NAME}: {len(set(characters))} characters, {size / 1024:.0f} KiB")
     return 0
 

@@ -8,6 +8,7 @@ generate call (`chat.generate_for_qwenvl`).
 from . import chat
 from .chat import generate_for_qwenvl
 from .engine import ModelRunner, load_engine_vision_tower
+from .engine.build import open_engine
 from .tokenizing import load_tokenizer
 
 
@@ -18,8 +19,8 @@ class QWenInfer:
         if vision is None and runner.engine_dir is None:
             raise ValueError("give the vision tower: this runner was not loaded from an engine directory")
         self.runner = runner
-        if vision is None:  # the engine's vision part, its files checked as `verify` says
-            vision = load_engine_vision_tower(runner.engine_dir, runner.device, verify)
+        if vision is None:  # the engine's vision part, its files checked as `verify` says, of the runner's build
+            vision = load_engine_vision_tower(runner.engine_dir, runner.device, verify, build=runner.build)
         self.vision = vision
         self.tokenizer = load_tokenizer(runner.engine_dir) if tokenizer is None else tokenizer
 
@@ -28,8 +29,10 @@ class QWenInfer:
         """The engine directory's runner, vision part and tokenizer (its qwen.tiktoken, else the package's), every file
         checked once against the manifest (`verify` and `runner_options`, such as the decode `backend` and
         `cuda_graphs`, as in ModelRunner.from_dir)."""
-        runner = ModelRunner.from_dir(engine_dir, device=device, verify=verify, **runner_options)
-        return cls(runner, verify="none")  # its vision files were just checked with the rest
+        with open_engine(engine_dir) as engine:  # the language model and the vision part of one build
+            runner = ModelRunner.from_dir(engine, device=device, verify=verify, **runner_options)
+            vision = load_engine_vision_tower(engine, runner.device, verify="none")  # checked with the rest just now
+        return cls(runner, vision)
 
     def qwen_infer(
         self, images, question: str, history=None, max_new_tokens: int = 64, system: str = chat.SYSTEM, **sampling

@@ -7,10 +7,11 @@ the toy data read pictures without it.
 
 import io
 import os
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .checks.values import check_path
 
 
 def to_8_bit(img: Image.Image) -> Image.Image:
@@ -50,7 +51,7 @@ def load_image(image, exif_transpose: bool = False) -> Image.Image:
     if isinstance(image, (bytes, bytearray, memoryview)):
         source, name = io.BytesIO(bytes(image)), f"the {len(image)} bytes given"
     elif isinstance(image, (str, os.PathLike)):
-        source, name = Path(image), repr(str(image))
+        source, name = check_path("image path", image), repr(str(image))
         if source.is_dir():
             raise IsADirectoryError(f"image path {name} is a directory; give the path of a PNG/JPEG file in it")
         if not source.is_file():

@@ -12,7 +12,7 @@ from pathlib import Path
 import tiktoken
 
 from . import resources
-from .checks.values import is_int
+from .checks.values import check_path, is_int
 
 # Special-token ids of Qwen-VL (they follow the 151,643 BPE ranks of qwen.tiktoken)
 ENDOFTEXT_ID = 151643  # <|endoftext|>, also eos/pad in generation_config.json
@@ -77,7 +77,7 @@ _SPECIAL_NAMES = {
 def vocab_file_path(path=None) -> Path:
     """Locate qwen.tiktoken: inside `path` (a checkpoint dir, or the file itself) if there, else the shipped copy."""
     if path is not None:
-        path = Path(path)
+        path = check_path("path", path)
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist; pass a checkpoint directory, a qwen.tiktoken file or None")
         if path.is_file():
@@ -153,7 +153,10 @@ def _path_bytes(path) -> bytes:
     try:
         data = path.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise ValueError(f"image path {path!r} cannot be encoded as UTF-8 ({err.reason})") from None
+        raise ValueError(
+            f"image path {path!r} cannot be encoded as UTF-8 ({err.reason}: {path[err.start]!r} at character "
+            f"{err.start}), which an image span holds: type the path again without it"
+        ) from None
     if len(data) > IMG_TOKEN_SPAN:
         raise ValueError(
             f"image path is {len(data)} UTF-8 bytes but an image span holds at most {IMG_TOKEN_SPAN} bytes; "
@@ -339,7 +342,7 @@ class QWenTokenizer:
     quad_start_id, quad_end_id = QUAD_START_ID, QUAD_END_ID
 
     def __init__(self, vocab_file):
-        self.vocab_file = Path(vocab_file)
+        self.vocab_file = check_path("vocab_file", vocab_file)
         if not self.vocab_file.is_file():
             raise FileNotFoundError(
                 f"{self.vocab_file} is not a file; use load_tokenizer() to locate {VOCAB_FILE_NAME}"

@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from . import files
 from .checkpoint import check_state_dict, iter_weights, load_config, load_visual_tower
-from .checks.tensors import DTYPES, to_torch_dtype
-from .checks.values import is_int
+from .checks.tensors import DTYPES, cast_finite, to_torch_dtype
+from .checks.values import check_path, is_int
 from .files import CheckpointError, field, read_json
 from .layout import hf_name, is_visual, to_trtllm_names
 from .modeling import QWenLMHeadModel, QWenVLConfig
@@ -34,6 +35,7 @@ SPLIT_DIM = {
 # architectures[0]); TensorRT-LLM's MODEL_MAP maps it and the older "QWenForCausalLM" to the same QWenForCausalLM
 ARCHITECTURE = "QWenLMHeadModel"
 ARCHITECTURES = (ARCHITECTURE, "QWenForCausalLM")
+CHECKPOINT_WRITER = files.writer("TensorRT-LLM checkpoint", "a TensorRT-LLM checkpoint")
 PLACEHOLDER_VISUAL = dict(
     image_size=28, patch_size=14, width=64, layers=1, heads=1, mlp_ratio=1.0, image_start_id=IMAGE_START_ID
 )
@@ -115,35 +117,106 @@ def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1
     }
 
 
-def convert_to_trtllm_checkpoint(checkpoint_dir, output_dir, dtype: str = "float16", tp_size: int = 1) -> Path:
-    """Write the TensorRT-LLM checkpoint of a Qwen-VL checkpoint's language model (no vision weights)."""
+def convert_to_trtllm_checkpoint(  # noqa: PLR0913 — the conversion's options, one argument each
+    checkpoint_dir, output_dir, dtype: str = "float16", tp_size: int = 1, overwrite: bool = False
+) -> Path:
+    """Write the TensorRT-LLM checkpoint of a Qwen-VL checkpoint's language model (no vision weights) as the folder
+    `output_dir` (new or empty; overwrite: replace one this package wrote). A finite weight that overflows in `dtype`
+    (float16 past 65504) is refused, named."""
     hf_config = load_config(checkpoint_dir)
     config = trtllm_config(hf_config, dtype, tp_size)
     with torch.device("meta"):
         expected = {k: v for k, v in QWenLMHeadModel(hf_config).state_dict().items() if not is_visual(k)}
+    item = torch.empty((), dtype=to_torch_dtype(dtype)).element_size()
+    need = sum(t.numel() for t in expected.values()) * item + 2**20
+    check_trtllm_destination(output_dir, overwrite, need)
     state = dict(iter_weights(checkpoint_dir, keep=lambda key: not is_visual(key)))
     check_state_dict(state, expected)
     weights = to_trtllm_names(state)
     del state
     ranks = [{} for _ in range(tp_size)]
     for name in list(weights):
-        tensor = weights.pop(name).to(to_torch_dtype(dtype))
+        tensor = cast_finite(f"{hf_name(name)} (the engine's {name})", weights.pop(name), dtype)
         for rank, part in enumerate(ranks):
             part[name] = shard(name, tensor, tp_size, rank).contiguous()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for rank, part in enumerate(ranks):
-        save_file(part, str(output_dir / f"rank{rank}.safetensors"), metadata={"format": "pt"})
-    return output_dir
+    with files.writing_folder(
+        output_dir,
+        CHECKPOINT_WRITER,
+        overwrite=overwrite,
+        need_bytes=need,
+        parents=True,
+        allow=_replaceable,
+        made=_made,
+    ) as staging:
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for rank, part in enumerate(ranks):
+            save_file(part, str(staging / f"rank{rank}.safetensors"), metadata={"format": "pt"})
+    return Path(output_dir)
+
+
+def _made(folder: Path) -> dict | None:
+    """The files a conversion wrote in `folder`: its mark's list, or for one converted before marks, its config.json and
+    rank files when that is all it holds (a TensorRT-LLM checkpoint of this package's format)."""
+    listed = files.made_files(folder)
+    if listed is not None:
+        return listed
+    names = {p.name for p in folder.iterdir()} - files.DISPOSABLE
+    ranks = {n for n in names if n.startswith("rank") and n.endswith(".safetensors")}
+    try:
+        architecture = json.loads((folder / "config.json").read_text()).get("architecture")
+    except (OSError, ValueError, AttributeError):
+        architecture = None
+    if ranks and names == ranks | {"config.json"} and architecture in ARCHITECTURES:
+        return {name: [] for name in names}
+    return None
+
+
+def check_trtllm_destination(output_dir, overwrite: bool = False, need_bytes: int = 0) -> Path:
+    """Refuse, before any work, a folder convert_to_trtllm_checkpoint must not write (see files.check_destination):
+    one that is not empty, unless it holds a conversion of this package and overwrite=True."""
+    return files.check_destination(
+        output_dir,
+        CHECKPOINT_WRITER,
+        folder=True,
+        overwrite=overwrite,
+        need_bytes=need_bytes,
+        parents=True,
+        allow=_replaceable,
+    )
+
+
+def _replaceable(folder: Path, overwrite: bool) -> None:
+    """Refuse a folder that is not empty unless it is a conversion of this package and overwrite=True."""
+    if _made(folder) is None:
+        raise FileExistsError(
+            f"{folder} is not empty and holds no TensorRT-LLM checkpoint this package wrote: refusing to write one "
+            "over it; give a new or empty folder"
+        )
+    if not overwrite:
+        raise FileExistsError(f"{folder} already holds a TensorRT-LLM checkpoint: pass overwrite=True to replace it")
+
+
+TRTLLM_FIX = "point at a directory written by convert_to_trtllm_checkpoint (convert the checkpoint again)"
 
 
 def read_trtllm_config(checkpoint_dir) -> dict:
     """config.json of a TensorRT-LLM QWen checkpoint, checked to be one this package can read back."""
-    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir = check_path("checkpoint_dir", checkpoint_dir)
     config_file = checkpoint_dir / "config.json"
-    fix = "point at a directory written by convert_to_trtllm_checkpoint (convert the checkpoint again)"
-    config = read_json(config_file, fix)
+    config = check_trtllm_config(read_json(config_file, TRTLLM_FIX), checkpoint_dir)
+    tp_size = config["mapping"]["tp_size"]
+    missing = [
+        f"rank{r}.safetensors" for r in range(tp_size) if not (checkpoint_dir / f"rank{r}.safetensors").is_file()
+    ]
+    if missing:
+        raise CheckpointError(f"{checkpoint_dir} lacks {missing} for tp_size {tp_size}")
+    return config
+
+
+def check_trtllm_config(config: dict, checkpoint_dir: Path) -> dict:
+    """A TensorRT-LLM QWen checkpoint's config.json (read from `checkpoint_dir`), checked to be one this package can
+    read back: a Qwen (v1) model, every size a positive int, unquantized, no pipeline parallelism."""
+    config_file, fix = checkpoint_dir / "config.json", TRTLLM_FIX
     if config.get("architecture") not in ARCHITECTURES or config.get("qwen_type") != "qwen":
         raise CheckpointError(
             f"{checkpoint_dir} is not a Qwen (v1) TensorRT-LLM checkpoint: architecture "
@@ -165,14 +238,9 @@ def read_trtllm_config(checkpoint_dir) -> dict:
     if not isinstance(config.get("dtype"), str) or config["dtype"] not in DTYPES:
         raise CheckpointError(f"{config_file}: 'dtype' must be one of {sorted(DTYPES)}, found {config.get('dtype')!r}")
     mapping = field(config, "mapping", "dict", config_file, fix)
-    tp_size = field(mapping, "tp_size", "int", f"{config_file} (mapping)", fix)
+    field(mapping, "tp_size", "int", f"{config_file} (mapping)", fix)
     if mapping.get("pp_size", 1) != 1 or (config.get("quantization") or {}).get("quant_algo") is not None:
         raise CheckpointError(f"{checkpoint_dir}: only unquantized checkpoints without pipeline parallelism are read")
-    missing = [
-        f"rank{r}.safetensors" for r in range(tp_size) if not (checkpoint_dir / f"rank{r}.safetensors").is_file()
-    ]
-    if missing:
-        raise CheckpointError(f"{checkpoint_dir} lacks {missing} for tp_size {tp_size}")
     return config
 
 
@@ -193,6 +261,8 @@ def load_trtllm_checkpoint(checkpoint_dir, hf_dir=None, dtype=None) -> QWenLMHea
 
     Without `hf_dir` the tower is a small NoVisionWeights that refuses to run: images must then come as a prompt_table.
     """
+    if hf_dir is not None:
+        hf_dir = check_path("hf_dir", hf_dir)
     config = read_trtllm_config(checkpoint_dir)
     ranks = [load_file(str(Path(checkpoint_dir) / f"rank{r}.safetensors")) for r in range(config["mapping"]["tp_size"])]
     state = {hf_name(name): unshard(name, [part[name] for part in ranks], config["vocab_size"]) for name in ranks[0]}

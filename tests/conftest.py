@@ -12,6 +12,7 @@ if not os.path.exists("/proc/driver/nvidia/version"):
 import numpy as np  # noqa: E402
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from PIL import Image
 
 from qwenvl_lab.checkpoint import load_checkpoint, make_tiny_checkpoint
@@ -21,6 +22,14 @@ from qwenvl_lab.toy import TOY_DIR
 
 # The test models are tiny: on the shared 2-core machine extra intra-op threads only add contention (10-100x slower)
 torch.set_num_threads(1)
+
+# Hypothesis: the default ("ci", what make test, make unit and CI run) draws the same examples on every machine and
+# every run (derandomize: a seed from each test's name; no example database), with no time limits (a slow machine
+# must not fail); "fuzz" (make fuzz, HYPOTHESIS_PROFILE=fuzz) draws 10,000 new random examples per property
+_NO_TIMING = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", derandomize=True, database=None, **_NO_TIMING)
+settings.register_profile("fuzz", max_examples=10_000, **_NO_TIMING)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

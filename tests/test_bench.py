@@ -1,6 +1,7 @@
 """The benchmark runs end to end on the tiny model and reports a table and JSON of sane numbers (no speed asserted)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from qwenvl_lab.engine.layers import weight_bytes_per_token
 def test_tiny_benchmark_json(tmp_path, capsys):
     pytest.importorskip("numba", reason="the benchmark's default on a CPU is the numba back end")
     path = tmp_path / "out" / "bench.json"
+    path.parent.mkdir()
     report = bench.main(
         ["--model", "tiny", "--batch", "2", "1", "--new-tokens", "24", "--repeats", "2", "--json", path]
     )
@@ -165,3 +167,23 @@ def test_kv_cache_reuse_options_are_checked():
             bench.parse_args(argv)
     assert bench.parse_args(["--kv-cache-reuse", "--turns", "2"]).turns == 2
     assert bench.parse_args(["--kv-cache-reuse"]).turns == 4
+
+
+def test_the_json_file_is_checked_before_the_benchmark_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_benchmark", lambda *a: pytest.fail("the benchmark ran"))
+    (tmp_path / "earlier.json").write_text('{"mine": 1}')
+    cases = [
+        (tmp_path / "earlier.json", [], "already exists: pass overwrite=True \\(--overwrite\\) to replace it"),
+        (tmp_path / "missing" / "b.json", [], r"the folder .*missing does not exist: create it first"),
+        (tmp_path, [], "is a folder: give a file name"),
+    ]
+    for path, more, message in cases:
+        with pytest.raises(SystemExit) as exit_status:
+            bench.main(["--model", "tiny", "--json", path, *more])
+        assert exit_status.value.code == 2
+        assert re.search(rf"--json '.*': .*{message}", capsys.readouterr().err)
+    assert (tmp_path / "earlier.json").read_text() == '{"mine": 1}' and not (tmp_path / "missing").exists()
+    monkeypatch.setattr(bench, "run_benchmark", lambda *a: {"results": []})
+    monkeypatch.setattr(bench, "format_table", lambda report: "")
+    bench.main(["--model", "tiny", "--json", tmp_path / "earlier.json", "--overwrite"])
+    assert json.loads((tmp_path / "earlier.json").read_text())["results"] == []

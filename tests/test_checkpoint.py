@@ -472,7 +472,13 @@ def test_save_checkpoint_replaces_only_a_checkpoint_in_one_step(tmp_path, tiny_c
     assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o640}
     with pytest.raises(FileExistsError, match="is not empty"):
         save_checkpoint(model, out)
-    (out / "config.json").write_text("{}")  # an earlier checkpoint, replaced whole
-    save_checkpoint(model, out, max_shard_size="60MB", overwrite=True)
+    save_checkpoint(model, out, max_shard_size="60MB", overwrite=True)  # an earlier checkpoint, replaced whole
     assert load_checkpoint(out).config.hidden_size == model.config.hidden_size
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+    (out / "config.json").write_text("{}")  # changed since the save wrote it: no longer the package's to delete
+    with pytest.warns(UserWarning, match=r"out: kept config.json, which the package did not write .*: moved to"):
+        save_checkpoint(model, out, max_shard_size="60MB", overwrite=True)
+    assert load_checkpoint(out).config.hidden_size == model.config.hidden_size
+    [kept] = [p for p in tmp_path.iterdir() if p.name != "out"]
+    assert kept.name.startswith("out.kept-") and [p.name for p in kept.iterdir()] == ["config.json"]
+    assert (kept / "config.json").read_text() == "{}"

@@ -153,7 +153,7 @@ USER_ERRORS = [  # (arguments, what sets the scene, what the one line says)
     ([*BUILD, "--engine", "."], _empty_cwd, r"the current directory .*give a new directory, e.g. ./engine"),
     ([*BUILD, "--engine", "{tmp}/link"], _dangling, r"link is a symbolic link to .*gone, which does not exist"),
     ([*BUILD, "--engine", "{tmp}/e"], _full_disk, r"no space left on the device of .*: free some space"),
-    ([*BUILD, "--engine", "{tmp}/e"], _read_only, r"cannot write in .* \(permission denied\): build into a directory"),
+    ([*BUILD, "--engine", "{tmp}/e"], _read_only, r"cannot write .*/e in .* \(permission denied\): give a directory"),
     ([*BUILD, "--engine", "{tmp}/e", "--max-batch-size", "0"], None, r"--max-batch-size must be a whole number >= 1"),
     (
         ["build", "--engine", "{tmp}/e", "--images-per-request", "1000"],

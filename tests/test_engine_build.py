@@ -14,10 +14,18 @@ from conftest import refuse_writes_in
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from qwenvl_lab.checkpoint import CheckpointError, read_state_dict
+import qwenvl_lab.limits
+from qwenvl_lab.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    make_tiny_checkpoint,
+    read_state_dict,
+    save_checkpoint,
+)
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_config, load_engine_vision_tower
 from qwenvl_lab.engine import build as build_module
 from qwenvl_lab.engine.build import ENGINE_VERSION, verify_engine
+from qwenvl_lab.infer import QWenInfer
 from qwenvl_lab.layout import to_trtllm_names
 
 
@@ -304,13 +312,14 @@ def test_a_full_disk_or_a_read_only_folder_is_one_clear_error(tiny_checkpoint, t
         )
 
     monkeypatch.setattr(build_module, "save_file", full)
-    with pytest.raises(OSError, match=rf"no space left on the device of {tmp_path}: free some space") as err:
+    full_disk = rf"could not write {engine} \(no space left on the device of {tmp_path}\): free some space"
+    with pytest.raises(OSError, match=full_disk) as err:
         build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
     assert "\n" not in str(err.value) and ".tmp" not in str(err.value)
     monkeypatch.undo()
     refuse_writes_in(monkeypatch, tmp_path)
     with pytest.raises(
-        PermissionError, match=rf"cannot write in {tmp_path} \(permission denied\): build into a"
+        PermissionError, match=rf"cannot write {engine} in {tmp_path} \(permission denied\): give a directory"
     ) as err:
         build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
     assert ".tmp" not in str(err.value) and ".lock" not in str(err.value)
@@ -339,12 +348,18 @@ def test_a_failed_build_leaves_the_previous_engine_as_it_was(tiny_checkpoint, tm
     assert load_engine_config(engine)[0] == SMALL
 
 
-def test_a_killed_builds_leftovers_are_removed_by_the_next_build(tiny_checkpoint, tmp_path):
+def test_a_killed_builds_leftovers_are_removed_by_the_next_build_and_nothing_else(tiny_checkpoint, tmp_path):
     leftover = tmp_path / ".engine.k3j9.tmp"  # what a build killed before its rename leaves beside the engine
     (leftover / "llm").mkdir(parents=True)
     (leftover / "llm" / "rank0.safetensors").write_bytes(b"half")
+    mark = {"made_by": "qwenvl-lab", "writer": "engine", "staging": True, "target": "engine", "pid": 1}
+    (leftover / ".qwenvl-lab-made").write_text(json.dumps(mark))  # its mark, written first; its writer is gone
+    for name in (".engine.old.tmp", ".engine.backup-2024.tmp"):  # the user's, named alike, without the mark
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "keep.txt").write_text("mine")
     build_engine(tiny_checkpoint, tmp_path / "engine", SMALL)
-    assert beside(tmp_path) == ["engine"]
+    assert beside(tmp_path) == [".engine.backup-2024.tmp", ".engine.old.tmp", "engine"]
+    assert all((tmp_path / name / "keep.txt").read_text() == "mine" for name in beside(tmp_path)[:2])
 
 
 def damage_in_place(path: Path, where: float) -> None:
@@ -386,3 +401,116 @@ def test_a_quick_check_reads_sizes_small_files_and_the_ends_of_large_ones(tiny_c
         ModelRunner.from_dir(engine, verify="quick")
     with pytest.raises(ValueError, match="verify must be 'full', 'quick' or 'none'"):
         ModelRunner.from_dir(engine, verify=True)
+
+
+# one way to delete: only what the build made; readers see one build; what a build cannot be
+
+
+def test_a_file_written_into_the_engine_during_a_rebuild_is_kept_and_said(tiny_checkpoint, tmp_path, monkeypatch):
+    engine = build_engine(tiny_checkpoint, tmp_path / "e1", SMALL)
+    convert = build_module.convert_to_trtllm_checkpoint
+
+    def meanwhile(*args, **kwargs):  # the user saves notes into the engine folder while it is being rebuilt
+        (engine / "notes.txt").write_text("mine")
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(build_module, "convert_to_trtllm_checkpoint", meanwhile)
+    with pytest.warns(
+        UserWarning, match=r"e1: kept notes.txt, which the package did not write .*: moved to .*e1\.kept-"
+    ):
+        build_engine(tiny_checkpoint, engine, SMALL, overwrite=True)
+    [kept] = [p for p in tmp_path.iterdir() if p.name.startswith("e1.kept-")]
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"] and (kept / "notes.txt").read_text() == "mine"
+    assert load_engine_config(engine)[0] == SMALL and not (engine / "notes.txt").exists()
+
+
+def test_a_rebuild_between_the_check_and_the_load_cannot_mix_two_builds(tiny_checkpoint, tmp_path, monkeypatch):
+    """The race of a reader and `build --overwrite`, made deterministic: a whole rebuild (other weights) runs right
+    after the loader checked the checksums and before it reads the weights."""
+    first = build_engine(tiny_checkpoint, tmp_path / "e", SMALL)
+    expected_llm = load_file(str(first / "llm" / "rank0.safetensors"))
+    expected_vision = load_file(str(first / "vision" / "model.safetensors"))
+    other = make_tiny_checkpoint(tmp_path / "other", seed=1)
+    check = build_module._check_files
+    rebuilt = []
+
+    def check_then_rebuild(*args, **kwargs):
+        check(*args, **kwargs)
+        if not rebuilt:
+            rebuilt.append(build_engine(other, first, SMALL, overwrite=True))
+
+    monkeypatch.setattr(build_module, "_check_files", check_then_rebuild)
+    infer = QWenInfer.from_dir(first)
+    weights = infer.runner.engine.vocab_embedding
+    assert rebuilt and torch.equal(weights, expected_llm["transformer.vocab_embedding.weight"])  # the first build's
+    vision = infer.vision.state_dict()
+    assert all(torch.equal(vision[k], v) for k, v in expected_vision.items())  # and its vision part too
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match="rebuilt after its language model was loaded"):
+        QWenInfer(infer.runner)  # the vision part read now is the second build's: refused, not mixed
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda m: m["files"].pop("llm/rank0.safetensors"), r"leaves out llm/rank0.safetensors, which a load reads"),
+        (lambda m: m["files"].pop("vision/model.safetensors"), r"leaves out vision/model.safetensors"),
+        (lambda m: m["files"].__setitem__("../outside.bin", {"bytes": 1, "sha256": ["0"]}), r"lists '../outside.bin'"),
+        (lambda m: m["files"].__setitem__("/etc/passwd", {"bytes": 1, "sha256": ["0"]}), r"lists '/etc/passwd'"),
+    ],
+)
+def test_a_manifest_that_leaves_a_file_out_or_points_outside_is_refused(tiny_engine, tmp_path, edit, match):
+    engine = copy_of(tiny_engine, tmp_path)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    edit(manifest)
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=match):
+        ModelRunner.from_dir(engine)
+
+
+def test_a_float16_build_of_weights_past_its_range_is_refused_naming_the_weight(tiny_checkpoint, tmp_path):
+    state = read_state_dict(tiny_checkpoint)
+    state["transformer.h.1.mlp.c_proj.weight"][0, :3] = torch.tensor([7e4, -1e5, 3.0])  # finite in float32
+    model = load_checkpoint(tiny_checkpoint)
+    model.load_state_dict(state)
+    big = save_checkpoint(model, tmp_path / "big", copy_in=[tiny_checkpoint / "qwen.tiktoken"])
+    fp16 = BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320, dtype="float16")
+    with pytest.raises(
+        ValueError,
+        match=r"transformer.h.1.mlp.c_proj.weight .*2 finite value\(s\) overflow to inf in "
+        r"float16 \(largest magnitude 1e\+05.*build in bfloat16 \(--dtype bfloat16\)",
+    ):
+        build_engine(big, tmp_path / "fp16", fp16)
+    assert not (tmp_path / "fp16").exists()
+    bf16 = build_engine(
+        big, tmp_path / "bf16", BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320, dtype="bfloat16")
+    )
+    assert torch.isfinite(
+        load_file(str(bf16 / "llm" / "rank0.safetensors"))["transformer.layers.1.mlp.proj.weight"].float()
+    ).all()
+    visual = read_state_dict(tiny_checkpoint)  # the language model back in range, a vision weight out of it
+    visual["transformer.visual.proj"][0, 0] = 1e6
+    model.load_state_dict(visual)
+    save_checkpoint(model, tmp_path / "big", overwrite=True, copy_in=[tiny_checkpoint / "qwen.tiktoken"])
+    with pytest.raises(ValueError, match=r"transformer.visual.proj: 1 finite value\(s\) overflow to inf in float16"):
+        build_engine(big, tmp_path / "fp16", fp16)
+
+
+def test_the_memory_limits_ask_for_is_named_at_build_and_refused_at_load(tiny_checkpoint, tmp_path, monkeypatch):
+    gib = 2**30
+    monkeypatch.setattr(build_module, "device_memory", lambda device: (6 * gib, 8 * gib))
+    monkeypatch.setattr(qwenvl_lab.limits, "device_memory", lambda device: (6 * gib, 8 * gib))
+    huge = BuildConfig(max_batch_size=1_000_000, max_input_len=640, max_seq_len=704)
+    with pytest.warns(
+        UserWarning,
+        match=r"these limits ask for 1.44e\+03 GB where the engine loads: KV cache 1.44e\+03 GB "
+        r"\(max_batch_size 1000000 × max_beam_width 1 rows × max_seq_len 704 positions × 2 layers × K and "
+        r"V × 2 heads × 64 × float32\) \+ weights .* this machine has 8.59 GB",
+    ):
+        engine = build_engine(tiny_checkpoint, tmp_path / "huge", huge)
+    with pytest.raises(
+        ValueError,
+        match=r"this engine needs 1.44e\+03 GB on cpu: KV cache .*; cpu has 6.44 GB available "
+        r"\(8.59 GB in all\). Rebuild it with smaller limits \(--max-batch-size",
+    ):
+        ModelRunner.from_dir(engine)

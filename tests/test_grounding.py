@@ -196,8 +196,11 @@ def test_to_list_format_inverts_from_list_format(tokenizer, elements):
 
 
 PLAIN = st.text(st.characters(exclude_characters="<>"), max_size=8)
+# an image path is UTF-8 text (its bytes fill the image span): a lone surrogate such as "\ud800" is refused, with the
+# package's message (test_a_path_that_cannot_be_encoded_is_refused_with_the_packages_message)
+PLAIN_PATH = st.text(st.characters(codec="utf-8", exclude_characters="<>"), min_size=1, max_size=8)
 PLAIN_ELEMENT = st.one_of(
-    st.builds(lambda p: {"image": p}, PLAIN.filter(bool)),
+    st.builds(lambda p: {"image": p}, PLAIN_PATH),
     st.builds(lambda t: {"text": t}, st.one_of(PLAIN, st.just("\n"), st.just("Picture 1: "))),
     st.builds(lambda r, b: {"ref": r, "box": b}, PLAIN, BOXES),
 )
@@ -207,6 +210,12 @@ PLAIN_ELEMENT = st.one_of(
 @given(elements=st.lists(PLAIN_ELEMENT, max_size=6))
 def test_to_list_format_reads_the_query_text_when_texts_hold_no_tags(tokenizer, elements):
     assert to_list_format(str(tokenizer.from_list_format(elements))) == _normal_form(elements)
+
+
+def test_a_path_that_cannot_be_encoded_is_refused_with_the_packages_message(tokenizer):
+    for elements in ([{"image": "\ud800"}], [{"text": "a"}, {"image": "x\udfff.png"}]):
+        with pytest.raises(ValueError, match=r"image path .* cannot be encoded as UTF-8 \(surrogates not allowed"):
+            tokenizer.from_list_format(elements)
 
 
 # boxes on pictures

@@ -264,12 +264,12 @@ def test_training_refuses_a_folder_it_must_not_write_before_it_trains(tmp_path):
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     (tmp_path / "file").write_text("")
     cases = [
-        (tmp_path / "ckpt", False, "is not empty: name a new folder, or pass overwrite=True"),
-        (tmp_path / "mine", True, r"holds more than a checkpoint \(notes.txt\) and is not replaced"),
-        (tmp_path / "file", False, "is a file, not a folder"),
+        (tmp_path / "ckpt", False, FileExistsError, "is not empty: name a new folder, or pass overwrite=True"),
+        (tmp_path / "mine", True, FileExistsError, r"holds more than a checkpoint \(notes.txt\) and is not replaced"),
+        (tmp_path / "file", False, NotADirectoryError, "is a file, not a folder"),
     ]
-    for out, overwrite, message in cases:
-        with pytest.raises(FileExistsError, match=message):
+    for out, overwrite, error, message in cases:
+        with pytest.raises(error, match=message):
             toy_train.train(SHORT, out, eval_every=0, overwrite=overwrite)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     with pytest.raises(SystemExit):

@@ -197,3 +197,18 @@ def test_a_checkpoint_missing_weights_is_refused(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="missing keys"):
         convert_to_trtllm_checkpoint(tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_conversion_replaces_only_a_conversion_of_this_package(tiny_checkpoint, tmp_path):
+    out = convert_to_trtllm_checkpoint(tiny_checkpoint, tmp_path / "trt", "float32")
+    with pytest.raises(FileExistsError, match="already holds a TensorRT-LLM checkpoint: pass overwrite=True"):
+        convert_to_trtllm_checkpoint(tiny_checkpoint, out, "float32")
+    (out / ".qwenvl-lab-made").unlink()  # converted before the package marked its folders: recognised by its content
+    convert_to_trtllm_checkpoint(tiny_checkpoint, out, "float16", overwrite=True)
+    assert read_trtllm_config(out)["dtype"] == "float16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trt"]
+    (out / "notes.txt").write_text("mine")
+    (out / ".qwenvl-lab-made").unlink()
+    with pytest.raises(FileExistsError, match="holds no TensorRT-LLM checkpoint this package wrote"):
+        convert_to_trtllm_checkpoint(tiny_checkpoint, out, "float32", overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"

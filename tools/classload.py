@@ -40,10 +40,13 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from qwenvl_lab import files as qfiles
 from qwenvl_lab.course.lab import COURSE_FOLDER
 from qwenvl_lab.course.notebooks import NOTEBOOKS as COURSE_NOTEBOOKS
 from qwenvl_lab.course.notebooks import core_path
 from qwenvl_lab.resources import checkout_dir
+
+JSON_WRITER = qfiles.writer("class-load --json", "the class load test's results")
 
 HUB_CONFIG = Path("docs") / "jupyterhub" / "jupyterhub_config.py"  # in the clone
 COURSE_CONFIG = Path("docs") / "jupyterhub" / "course.py"  # the course's part, loaded by HUB_CONFIG
@@ -958,6 +961,11 @@ def check_can_run(course: Path, proxy: str) -> None:
         raise LoadTestError(problem)
 
 
+def save_result(path: Path, result: dict, overwrite: bool = False) -> None:
+    """Write the run's result as JSON to `path` (a new file, or with overwrite=True replacing one)."""
+    qfiles.write_text(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n", JSON_WRITER, overwrite=overwrite)
+
+
 def main(argv=None) -> int:
     """Command line: run the lone learner, then the class, write the JSON; exit status 1 on errors or differences."""
     parser = argparse.ArgumentParser(prog="python tools/classload.py", description=__doc__.split("\n")[0])
@@ -979,10 +987,16 @@ def main(argv=None) -> int:
         "--time-limit", type=float, default=3600, help="the whole run's limit in seconds (default: %(default)s)"
     )
     parser.add_argument("--proxy", default="configurable-http-proxy", help="the proxy command (default: from PATH)")
-    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--json", type=Path, help="write the results here (a new file, or --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
     args = parser.parse_args(argv)
     if not 1 <= args.learners <= 32 or args.think < 0 or args.time_limit <= 0:
         parser.error("--learners must be 1-32, --think >= 0 and --time-limit > 0")
+    if args.json is not None:
+        try:  # checked before the class runs, not after
+            qfiles.check_destination(args.json, JSON_WRITER, folder=False, overwrite=args.overwrite, need_bytes=2**20)
+        except (OSError, ValueError) as err:
+            parser.error(f"--json {str(args.json)!r}: {err}")
     course = checkout_dir()
     if course is None:
         parser.error("run it from a clone of the course (its docs/jupyterhub/ config and notebooks/)")
@@ -1092,8 +1106,7 @@ def main(argv=None) -> int:
         "learners": reports,
     }
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+        save_result(args.json, result, args.overwrite)
     print(format_summary(result))
     if result["class"]["errors"] or result["class"]["output_differences"] or written or lone_report["errors"]:
         print("hub log (end):\n" + hub_log if result["class"]["errors"] else "", file=sys.stderr)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qwenvl_lab import files
 from qwenvl_lab.course.notebooks import NOTEBOOKS, with_exercises
 from qwenvl_lab.resources import checkout_dir
 
@@ -25,6 +26,7 @@ OUTPUT = Path("build") / "site"
 GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
 # folders the course's markdown links to, and the page that stands for each on the site
 FOLDER_PAGES = {"notebooks/solutions": "docs/site/solutions.html"}
+SITE_WRITER = files.writer("site", "the course website (Jupyter Book's build)")
 # a Binder launch URL of a course notebook or a solution: the learner's copy is my-notebooks/… (the `start` script)
 BINDER_LAUNCH = re.compile(
     r"(https://mybinder\.org/v2/[^\"?]+\?urlpath=lab/tree/)notebooks/((?:solutions/)?\d\d_[\w-]+\.ipynb)"
@@ -95,37 +97,47 @@ def fix_links(html: str, page: str) -> str:
     return html
 
 
+def site_bytes(root: Path) -> int:
+    """About how many bytes the built site takes: its pages hold the notebooks with their outputs and the docs, about
+    three times their size with the theme's copies, and the theme's own files (some 60 MB)."""
+    sources = [*(root / "notebooks").rglob("*.ipynb"), *(root / "docs").rglob("*.md"), root / "README.md"]
+    return 3 * sum(p.stat().st_size for p in sources if p.is_file()) + 60 * 2**20
+
+
 def build(
     root: Path, repository: str | None, branch: str = "main", output: Path | None = None, hub: str | None = None
 ) -> Path:
-    """Build the site into `output` (default build/site/ in the clone); the folder of its HTML."""
+    """Build the site into `output` (default build/site/ in the clone): written whole beside it, then put in place,
+    replacing a site built earlier (and nothing else); the folder of its HTML."""
     output = root / OUTPUT if output is None else output
-    output.mkdir(parents=True, exist_ok=True)
-    config = output / "_config.yml"
-    config.write_text(json.dumps(site_config(root, repository, branch, hub), indent=1), encoding="utf-8")
-    toc = output / "_toc.yml"
-    toc.write_text(json.dumps(site_toc(root), indent=1, ensure_ascii=False), encoding="utf-8")
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from jupyter_book.cli.main import main; sys.exit(main())",  # its `jupyter-book` command
-        "build",
-        str(root),
-        "--config",
-        str(config),
-        "--toc",
-        str(toc),
-        "--path-output",
-        str(output),
-    ]
-    subprocess.run(command, check=True)
-    html = output / "_build" / "html"
-    for page in html.rglob("*.html"):
-        text = page.read_text(encoding="utf-8")
-        fixed = fix_links(text, page.relative_to(html).as_posix())
-        if fixed != text:
-            page.write_text(fixed, encoding="utf-8")
-    return html
+    with files.writing_folder(
+        output, SITE_WRITER, overwrite=True, need_bytes=site_bytes(root), parents=True
+    ) as staging:
+        config = staging / "_config.yml"
+        config.write_text(json.dumps(site_config(root, repository, branch, hub), indent=1), encoding="utf-8")
+        toc = staging / "_toc.yml"
+        toc.write_text(json.dumps(site_toc(root), indent=1, ensure_ascii=False), encoding="utf-8")
+        command = [
+            sys.executable,
+            "-c",
+            "import sys; from jupyter_book.cli.main import main; sys.exit(main())",  # its `jupyter-book` command
+            "build",
+            str(root),
+            "--config",
+            str(config),
+            "--toc",
+            str(toc),
+            "--path-output",
+            str(staging),
+        ]
+        subprocess.run(command, check=True)
+        html = staging / "_build" / "html"
+        for page in html.rglob("*.html"):
+            text = page.read_text(encoding="utf-8")
+            fixed = fix_links(text, page.relative_to(html).as_posix())
+            if fixed != text:
+                page.write_text(fixed, encoding="utf-8")
+    return output / "_build" / "html"
 
 
 def main(argv=None) -> int:
@@ -161,6 +173,9 @@ def main(argv=None) -> int:
     except subprocess.CalledProcessError as err:
         print(f"python tools/website.py: Jupyter Book failed (exit {err.returncode}); its output is above")
         return 1
+    except (OSError, ValueError) as err:  # the output folder: not ours, read-only, full
+        print(f"python tools/website.py: {err}", file=sys.stderr)
+        return 2
     print(f"the site: {html / 'index.html'}")
     return 0
 

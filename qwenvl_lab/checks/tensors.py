@@ -167,6 +167,23 @@ def check_finite(values: torch.Tensor, where, fix: str) -> None:
         raise ValueError(f"{where(bad)} holds NaN or infinite values: {fix}")
 
 
+def cast_finite(name: str, tensor: torch.Tensor, dtype) -> torch.Tensor:
+    """`tensor` in `dtype`, refused (a ValueError naming the weight) when finite values overflow to ±inf in it: float16
+    holds magnitudes up to 65504, bfloat16 float32's range."""
+    dtype = to_torch_dtype(dtype)
+    cast = tensor.to(dtype)
+    if cast.is_floating_point() and first_non_finite(cast) is not None:
+        overflowed = torch.isfinite(tensor) & ~torch.isfinite(cast)
+        if bool(overflowed.any()):
+            largest = float(tensor[overflowed].abs().max())
+            raise ValueError(
+                f"{name}: {int(overflowed.sum())} finite value(s) overflow to inf in {dtype_name(dtype)} (largest "
+                f"magnitude {largest:.4g}, {dtype_name(dtype)} holds up to {torch.finfo(dtype).max:.4g}), so every "
+                "answer would be garbage: build in bfloat16 (--dtype bfloat16), which keeps float32's range"
+            )
+    return cast
+
+
 # image spans and fake ids
 
 

@@ -1,8 +1,11 @@
-"""Checks of plain Python values: an int is an int and not a bool, a number is finite and in its range."""
+"""Checks of plain Python values: an int is an int and not a bool, a number is finite and in its range, a path is one
+the file system can take."""
 
 import math
 import numbers
+import os
 import warnings
+from pathlib import Path
 
 
 def is_int(value) -> bool:
@@ -36,6 +39,28 @@ def check_number(name: str, value, minimum: float = -math.inf, maximum: float = 
         bounds = f"{low} and <= {maximum:g}" if maximum < math.inf else low
         raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
     return value
+
+
+def check_path(name: str, path) -> Path:
+    """`path` (a str or os.PathLike) as a Path: a TypeError for anything else, a ValueError for an empty path, one
+    holding a NUL character, or text the file system cannot encode (a lone surrogate such as '\\ud800', which broken
+    copy-and-paste or a bad decoding leaves in a string)."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"{name} must be a path (a str or os.PathLike), got {type(path).__name__} {path!r}")
+    if not path:
+        raise ValueError(f"{name} is empty: give a path")
+    if "\0" in path:
+        raise ValueError(f"{name} {path!r} holds a NUL character, which no file name can hold: type the path again")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"{name} {path!r} cannot be encoded as a file name ({err.reason}: {path[err.start]!r} at character "
+            f"{err.start}): type the path again without it"
+        ) from None
+    return Path(path)
 
 
 def check_choice(name: str, value, choices):

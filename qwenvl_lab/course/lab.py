@@ -24,9 +24,11 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from ..files import sibling_name
+from .. import files
+from ..checks.values import check_path
 from ..resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
 from .notebooks import NOTEBOOKS
 
@@ -41,6 +43,7 @@ JUPYTER_CONFIG_FOLDER = ".jupyter"  # labconfig/page_config.json: the news-annou
 PREDICT_TAG = "predict"  # a code cell whose output answers a "predict, then run" question
 ANSWER_TAG = "answer"  # a markdown cell that explains that output
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # the output of a displayed widget
+NOTEBOOK_WRITER = files.writer("notebook copy", "a learner's copy of a course notebook")
 
 
 def course_root() -> Path:
@@ -56,6 +59,7 @@ def course_root() -> Path:
 
 def course_notebooks(course: Path) -> list[Path]:
     """The course's notebooks, then their solutions (course/solutions/)."""
+    course = check_path("course", course)
     return sorted(course.glob("*.ipynb")) + sorted((course / SOLUTIONS_FOLDER).glob("*.ipynb"))
 
 
@@ -79,27 +83,34 @@ def learner_copy(notebook: Path) -> bytes:
     return (json.dumps(content, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def write_copy(notebook: Path, target: Path) -> None:
-    """Write the learner's copy of `notebook` to `target` under a temporary name, then rename it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = sibling_name(target)
-    try:
-        staging.write_bytes(learner_copy(notebook))
-        os.replace(staging, target)
-    finally:
-        staging.unlink(missing_ok=True)
-
-
 def copy_course_notebooks(course: Path, mine: Path) -> list[Path]:
     """Copy every course notebook (solutions included, into mine/solutions/) that has no copy in `mine` yet (an
-    existing copy is never touched), as `learner_copy` makes it; the new copies."""
+    existing copy is never touched, nor is anything else in its place: a link, even to nothing, is left as it is,
+    with a warning), as `learner_copy` makes it; the new copies."""
+    course, mine = check_path("course", course), check_path("mine", mine)
     copied = []
     for notebook in course_notebooks(course):
         target = mine / notebook.relative_to(course)
+        if target.is_symlink() and not target.exists():
+            warnings.warn(
+                f"{target} is a link to {os.readlink(target)}, which does not exist: no copy was written through it; "
+                f"remove the link to get a fresh copy of {notebook.name}",
+                stacklevel=2,
+            )
+            continue
         if not target.exists():
-            write_copy(notebook, target)
+            _copy(notebook, target, overwrite=False)
             copied.append(target)
     return copied
+
+
+def _copy(notebook: Path, target: Path, overwrite: bool) -> None:
+    """Write the learner's copy of the course notebook `notebook` (`learner_copy`) as `target` (its folder made if
+    needed)."""
+    with files.writing_file(
+        target, NOTEBOOK_WRITER, overwrite=overwrite, need_bytes=notebook.stat().st_size, parents=True
+    ) as part:
+        part.write_bytes(learner_copy(notebook))
 
 
 def find_course_notebook(course: Path, name: str) -> Path:
@@ -118,32 +129,25 @@ def reset_notebook(course: Path, mine: Path, name: str) -> tuple[Path, Path | No
     """Restore `mine`'s copy of course notebook `name`; a changed copy of the learner's moves to mine/backup/ first.
 
     Returns (the restored copy, where the learner's copy went or None if there was none or it was unchanged)."""
+    course, mine = check_path("course", course), check_path("mine", mine)
     notebook = find_course_notebook(course, name)
     target = mine / notebook.relative_to(course)
     backup = None
-    if target.exists() and target.read_bytes() != learner_copy(notebook):
-        backup = mine / BACKUP_FOLDER / f"{notebook.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
-        if backup.exists():
-            raise FileExistsError(f"{backup} already exists; wait a second and reset again")
-        backup.parent.mkdir(parents=True, exist_ok=True)
-        target.replace(backup)
-    write_copy(notebook, target)
+    if target.is_symlink() or (target.exists() and target.read_bytes() != learner_copy(notebook)):
+        backup = files.move_to_backup(
+            target, mine / BACKUP_FOLDER / f"{notebook.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        )
+    _copy(notebook, target, overwrite=True)  # the learner's copy, if any, is in backup/ now (or was the course's)
     return target, backup
 
 
 def prepare_workdir(root: Path, workdir: Path) -> list[Path]:
     """Make `workdir` a learner's folder for the course in `root`: links to the course's LINKED folders (an entry of
     the learner's own is never replaced); the links made."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    if workdir.resolve() == root.resolve():
+    files.make_folder(check_path("workdir", workdir), parents=True)
+    if workdir.resolve() == check_path("root", root).resolve():
         return []
-    made = []
-    for name in LINKED:
-        link = workdir / name
-        if not link.exists() and not link.is_symlink():
-            link.symlink_to(root / name, target_is_directory=True)
-            made.append(link)
-    return made
+    return [workdir / name for name in LINKED if files.make_link(workdir / name, root / name)]
 
 
 def running_as_root() -> bool:
@@ -250,11 +254,15 @@ def main(argv=None) -> int:
     if args.run is None and (problem := missing_jupyterlab(root)) is not None:
         parser.error(problem)  # before anything is copied
     if args.no_copy:
-        workdir.mkdir(parents=True, exist_ok=True)
+        files.make_folder(check_path("workdir", workdir), parents=True)
         copied = []
     else:
         prepare_workdir(root, workdir)
-        copied = copy_course_notebooks(course, mine)
+        with warnings.catch_warnings(record=True) as left:  # a link in the way: said in a line of its own
+            warnings.simplefilter("always")
+            copied = copy_course_notebooks(course, mine)
+        for warning in left:
+            print(f"note: {warning.message}")
     if copied:
         print(
             f"copied {len(copied)} course notebook(s) into {MY_FOLDER}/ (your work goes there; "

@@ -1,5 +1,6 @@
 """Notebook 06 — the engine's runner: TensorRT-LLM's ModelRunner in PyTorch, each request checked, then generated."""
 
+import math
 import warnings
 from pathlib import Path
 
@@ -9,13 +10,13 @@ from tqdm.auto import tqdm
 from ..checks.values import check_choice, check_int, check_model_limits
 from ..fake_ids import fake_id_runs
 from ..layout import to_trtllm_names
-from ..limits import BuildConfig
+from ..limits import BuildConfig, check_engine_memory, engine_memory
 from ..prompt_table import lookup
 from ..requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, ends_with_stop_word
 from ..unified_checkpoint import trtllm_config
 from .beam_search import BeamSearch
 from .block_reuse import DEFAULT_BLOCK_SIZE, KV_CACHE_KEYS, BlockPool, PrefillStats, RequestKey, rows_hash
-from .build import TUNING_FILE, load_engine_config, load_engine_weights
+from .build import TUNING_FILE, expected_weights, load_engine_config, load_engine_weights, open_engine
 from .cuda_graphs import DecodeGraphs, kv_bucket
 from .decode import backend_class
 from .forward import LanguageModelEngine
@@ -60,6 +61,11 @@ class ModelRunner(Runner):
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
         check_model_limits(build_config, pretrained_config["max_position_embeddings"], pretrained_config["seq_length"])
+        need = engine_memory(build_config, pretrained_config, sum(t.numel() for t in weights.values()))
+        if device.type == "cpu":
+            need["weights"] = 0  # already in memory here
+        check_engine_memory(build_config, pretrained_config, need, device)  # before the KV cache is allocated
+        self.build = None  # from_dir: the manifest's sha256, which the engine's vision part must match
         self.build_config, self.pretrained_config = build_config, pretrained_config
         self.engine_dir = None if engine_dir is None else Path(engine_dir)
         self.max_batch_size, self.max_beam_width = build_config.max_batch_size, build_config.max_beam_width
@@ -103,18 +109,22 @@ class ModelRunner(Runner):
         (`verify`: "full" reads every byte, "quick" samples large files, "none" checks sizes; see verify_engine);
         warm_up (default: with a fast back end or CUDA graphs) does the decode step's first run now rather than in
         the first question. `kv_cache_options`: kv_cache_reuse, kv_cache_key, kv_block_size, kv_pool_blocks."""
-        build_config, pretrained = load_engine_config(engine_dir, verify)
-        runner = cls(
-            build_config,
-            pretrained,
-            load_engine_weights(engine_dir),
-            device,
-            backend,
-            cuda_graphs,
-            engine_dir=engine_dir,
-            tuning_file=Path(engine_dir) / TUNING_FILE,
-            **kv_cache_options,
-        )
+        with open_engine(engine_dir) as engine:  # every file read comes from one build
+            build_config, pretrained = load_engine_config(engine, verify)
+            need = engine_memory(build_config, pretrained, sum(map(math.prod, expected_weights(pretrained).values())))
+            check_engine_memory(build_config, pretrained, need, torch.device(device))  # before reading the weights
+            runner = cls(
+                build_config,
+                pretrained,
+                load_engine_weights(engine),
+                device,
+                backend,
+                cuda_graphs,
+                engine_dir=engine.path,
+                tuning_file=engine.path / TUNING_FILE,
+                **kv_cache_options,
+            )
+            runner.build = engine.manifest_sha256
         if backend != "torch" or cuda_graphs if warm_up is None else warm_up:  # the fast back ends compile or tune
             runner.warm_up()
         return runner

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import load_checkpoint
+from ..checks.values import check_path
 from ..engine import BuildConfig, build_engine, load_engine_config
 from ..files import CheckpointError
 from ..resources import data_dir, output_dir, toy_checkpoint_dir
@@ -49,7 +50,9 @@ def default_checkpoint_dir() -> Path:
 def load_course_model(checkpoint_dir=None, dtype=torch.float32, device="cpu"):
     """Load the course's model: the shipped toy, or a real Qwen-VL-Chat named by `checkpoint_dir` or
     $QWENVL_LAB_CHECKPOINT."""
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
+    checkpoint_dir = (
+        check_path("checkpoint_dir", checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
+    )
     if not (checkpoint_dir / "config.json").is_file():
         raise FileNotFoundError(
             f"no checkpoint at {checkpoint_dir}: train the toy model with `python -m qwenvl_lab.toy.train` "
@@ -69,7 +72,9 @@ COURSE_BUILD = BuildConfig(
 def course_engine(build_config: BuildConfig = COURSE_BUILD, checkpoint_dir=None) -> Path:
     """The course's engine directory (under output_dir()/engines/): built once from the course's model with
     `build_config`, then reused — by every notebook — until the model or the limits change."""
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
+    checkpoint_dir = (
+        check_path("checkpoint_dir", checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
+    )
     files = sorted(p for p in checkpoint_dir.iterdir() if p.is_file()) if checkpoint_dir.is_dir() else []
     source = [
         str(checkpoint_dir.resolve()),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from qwenvl_lab import files
+from qwenvl_lab.checks.values import check_path
 from qwenvl_lab.toy.shapes import (
     COLORS,
     KINDS,
@@ -22,6 +24,7 @@ from qwenvl_lab.toy.shapes import (
 )
 
 _REPO = Path(__file__).resolve().parents[2]
+SAMPLES_WRITER = files.writer("sample pictures", "the sample pictures and their README.md")
 
 
 def _scene(*shapes: tuple[str, str, tuple[float, float, float, float]]) -> Scene:
@@ -123,16 +126,18 @@ def readme_text() -> str:
     return "\n".join(lines)
 
 
-def write_samples(out_dir) -> list[Path]:
-    """Render every sample to `out_dir` (created if needed) with README.md; return the written paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
+def write_samples(out_dir, overwrite: bool = False) -> list[Path]:
+    """Render every sample to `out_dir` (created if needed) with README.md, each a new file (overwrite=True: replacing
+    one there); return the written paths. Every path is checked before the first is written."""
+    out_dir = check_path("out_dir", out_dir)
+    names = [*SAMPLES, "README.md"]
+    for name in names:
+        files.check_destination(out_dir / name, SAMPLES_WRITER, folder=False, overwrite=overwrite, parents=True)
     for name, scene in SAMPLES.items():
-        scene.render(PICTURE_SIZE).save(out_dir / name, format="PNG")
-        paths.append(out_dir / name)
-    (out_dir / "README.md").write_text(readme_text(), encoding="utf-8")
-    return paths + [out_dir / "README.md"]
+        with files.writing_file(out_dir / name, SAMPLES_WRITER, overwrite=overwrite, parents=True) as part:
+            scene.render(PICTURE_SIZE).save(part, format="PNG")
+    files.write_text(out_dir / "README.md", readme_text(), SAMPLES_WRITER, overwrite=overwrite, parents=True)
+    return [out_dir / name for name in names]
 
 
 def main(argv=None) -> None:
@@ -140,10 +145,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     default = _REPO / "data" / "images" if (_REPO / "pyproject.toml").is_file() else None
     parser.add_argument("--out", type=Path, default=default, help="output folder (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the pictures and README.md already there")
     args = parser.parse_args(argv)
     if args.out is None:
         parser.error("not running from a source checkout: pass --out FOLDER")
-    paths = write_samples(args.out)
+    paths = write_samples(args.out, overwrite=args.overwrite)
     print(f"wrote {len(paths)} files to {args.out}")
 
 

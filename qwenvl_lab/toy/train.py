@@ -34,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .. import files
 from ..checkpoint import check_checkpoint_target, save_checkpoint
+from ..checks.values import check_path
 from ..modeling import QWenLMHeadModel, QWenVLConfig
 from ..prompt_table import prompt_tuning_embedding, single_table_batch
 from ..resources import output_dir
@@ -340,19 +342,46 @@ class Trainer:
 
 
 STATE_FILE = "state.pt"
+STATE_WRITER = files.writer("training state", "a training state (state.pt)")
 
 
-def save_state(state_dir: Path, state: dict) -> None:
-    """Write the training state into `state_dir` atomically (a temporary file, then one rename)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    partial = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-    torch.save(state, partial)
-    os.replace(partial, state_dir / STATE_FILE)
+def model_sizes(recipe: Recipe) -> tuple[int, int]:
+    """(all weights, weights outside the two vocabulary matrices) of the model `recipe` trains, counted without
+    making it."""
+    with torch.device("meta"):
+        model = QWenLMHeadModel(QWenVLConfig(**recipe.model_config()))
+    total = sum(p.numel() for p in model.parameters())
+    return total, total - model.transformer.wte.weight.numel() - model.lm_head.weight.numel()
 
 
-def read_state(state_dir: Path) -> dict | None:
+def state_bytes(recipe: Recipe) -> int:
+    """About how many bytes a training state takes: the weights outside the vocabulary matrices in float32, twice
+    more for the optimizer's two moments, and room for the compact vocabulary and the probes."""
+    return 3 * 4 * model_sizes(recipe)[1] + 64 * 2**20
+
+
+def is_state(path) -> bool:
+    """True for a training state this package saved (a torch file of a dict with the run's recipe and progress; its
+    tensors are mapped, not read)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 — anything torch cannot read as a state is not one
+        return False
+    return isinstance(state, dict) and {"recipe", "stage", "step"} <= set(state)
+
+
+def save_state(state_dir, state: dict, need_bytes: int = 0) -> None:
+    """Write the training state as state_dir/state.pt (the folder made if needed), replacing the run's earlier one
+    (a file that is not a training state is refused) only once the new one is complete."""
+    with files.writing_file(
+        Path(state_dir) / STATE_FILE, STATE_WRITER, need_bytes=need_bytes, parents=True, made=is_state
+    ) as part:
+        torch.save(state, part)
+
+
+def read_state(state_dir) -> dict | None:
     """The training state saved in `state_dir`, or None when there is none yet."""
-    path = Path(state_dir) / STATE_FILE
+    path = check_path("state_dir", state_dir) / STATE_FILE
     if not path.is_file():
         return None
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -385,11 +414,22 @@ def train(  # noqa: PLR0913 — the training command line's options, one argumen
     replace the checkpoint there); returns the model on the CPU. With `state_dir` the run resumes from the state saved
     there and saves its own every `save_every` seconds; past `time_limit` seconds it saves and returns None."""
     started = time.monotonic()
-    saved_state = read_state(Path(state_dir)) if state_dir is not None else None
+    saved_state = read_state(state_dir) if state_dir is not None else None
     if saved_state is not None:
         recipe = Recipe(**saved_state["recipe"])  # a resumed run keeps the recipe it started with
-    output_dir = Path(output_dir) if output_dir is not None else default_output_dir()
-    check_checkpoint_target(output_dir, overwrite)  # refused now, not after the training
+    output_dir = check_path("output_dir", output_dir) if output_dir is not None else default_output_dir()
+    # refused now, not after the training: what is there, the folders' rights and their room for what will be saved
+    check_checkpoint_target(output_dir, overwrite, need_bytes=2 * model_sizes(recipe)[0] + 2**20)
+    need_state = state_bytes(recipe)
+    if state_dir is not None:
+        files.check_destination(
+            Path(state_dir) / STATE_FILE,
+            STATE_WRITER,
+            folder=False,
+            need_bytes=need_state,
+            parents=True,
+            made=is_state,
+        )
     trainer = Trainer(recipe, device)
     resumed = trainer.load(saved_state) if saved_state is not None else None
     last_save = time.monotonic()
@@ -437,7 +477,7 @@ def train(  # noqa: PLR0913 — the training command line's options, one argumen
                 print(f"{label}, step {trainer.step}: loss {loss.item():.4f}; held-out accuracy {accuracy:.3f}")
             out_of_time = time_limit is not None and time.monotonic() - started > time_limit
             if state_dir is not None and (out_of_time or time.monotonic() - last_save > save_every):
-                save_state(Path(state_dir), trainer.state(opt, sched))
+                save_state(state_dir, trainer.state(opt, sched), need_state)
                 last_save = time.monotonic()
             if out_of_time and trainer.step < steps:
                 bar.close()
@@ -447,7 +487,7 @@ def train(  # noqa: PLR0913 — the training command line's options, one argumen
         print(f"{label}: {steps} steps, {trainer.seconds:.0f} s of training so far")
         trainer.stage, trainer.step = index + 1, 0
         if state_dir is not None:
-            save_state(Path(state_dir), trainer.state(opt, sched))
+            save_state(state_dir, trainer.state(opt, sched), need_state)
     trainer.tap.remove()  # the probes are thrown away: the model keeps no hook
     trainer.vocab.write_back(trainer.model)
     model = trainer.model.eval().to("cpu", torch.bfloat16)

@@ -22,8 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import chat
-from ..checks.tensors import dtype_name
+from .. import chat, files
+from ..checks.tensors import dtype_name, to_torch_dtype
+from ..checks.values import check_path
 from ..files import field, read_json
 from ..limits import BuildConfig
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
@@ -39,6 +40,8 @@ PLAN_FILE = Path("plan") / "visual_encoder_fp16.plan"
 CHECKPOINT_DIR, ENGINE_DIR = Path("trtllm_checkpoint"), Path("engine")
 COMMAND_FILE = Path("trtllm_build_command.json")
 REFERENCE_FILE = Path("reference.json")  # our PyTorch model's answer, for the GPU stage to compare with
+WRITER = files.writer("trtllm prepare", "the prepare stage's build command or reference answer")
+PLAN_FOLDER_WRITER = files.writer("trtllm plan folder", "the GPU stage's folder of the vision plan")
 STOPPED = 3  # exit status when a GPU step cannot run on this machine
 WRONG_WORLD = 2  # exit status when the MPI world does not fit the checkpoint (or the prepare stage runs under MPI)
 
@@ -54,41 +57,92 @@ def default_build_config(dtype: str = "float16"):
     )
 
 
-def prepare(
-    checkpoint, workdir, build_config=None, reference=None, tp_size: int = 1, strongly_typed: bool = False, log=print
+def prepare(  # noqa: PLR0913 — the prepare stage's options, one argument each
+    checkpoint,
+    workdir,
+    build_config=None,
+    reference=None,
+    tp_size: int = 1,
+    strongly_typed: bool = False,
+    log=print,
+    overwrite: bool = False,
 ) -> list[str]:
     """The CPU steps: vision tower → ONNX, language model → TensorRT-LLM checkpoint, the trtllm-build command.
 
     tp_size splits the checkpoint for that many GPUs (rank{N}.safetensors each); strongly_typed also writes the
     float16 ONNX graph that a strongly typed vision plan follows. reference=(image, question, max_new_tokens) also
-    saves our PyTorch model's greedy answer for the GPU stage.
+    saves our PyTorch model's greedy answer for the GPU stage. Every output is checked before the first step (its
+    place, its folder's rights and room); outputs of an earlier run are replaced only with overwrite=True.
     """
     # the model code needs transformers 5, absent from the TensorRT-LLM environment that runs the GPU stage
-    from ..unified_checkpoint import convert_to_trtllm_checkpoint  # noqa: PLC0415 — the course environment only
+    from ..checkpoint import load_config  # noqa: PLC0415 — the course environment only
+    from ..engine.build import engine_bytes  # noqa: PLC0415 — the course environment only
+    from ..unified_checkpoint import (  # noqa: PLC0415 — the course environment only
+        CHECKPOINT_WRITER,
+        check_trtllm_destination,
+        convert_to_trtllm_checkpoint,
+    )
     from .fp16 import to_float16_onnx  # noqa: PLC0415 — onnx: the course environment
-    from .onnx_export import export_visual_onnx  # noqa: PLC0415 — the model: the course environment
+    from .onnx_export import ONNX_WRITER, export_visual_onnx, ours  # noqa: PLC0415 — the model: the course environment
 
-    workdir = Path(workdir)
+    workdir = check_path("workdir", workdir)
     build_config = default_build_config() if build_config is None else build_config
-    onnx_path = export_visual_onnx(checkpoint, workdir / ONNX_FILE)
+    dtype = dtype_name(build_config.dtype)
+    weights = engine_bytes(load_config(checkpoint), to_torch_dtype(dtype))  # an upper bound for each output
+    outputs = [  # (path, writer, a folder?, recognises what this package wrote there)
+        (ONNX_FILE, ONNX_WRITER, False, ours),
+        (CHECKPOINT_DIR, CHECKPOINT_WRITER, True, None),  # a folder this package made is replaced, no other
+        (COMMAND_FILE, WRITER, False, _is_command_file),
+    ]
+    outputs += [(ONNX_FP16_FILE, ONNX_WRITER, False, ours)] if strongly_typed else []
+    outputs += [(REFERENCE_FILE, WRITER, False, _is_reference_file)] if reference is not None else []
+    for path, writer, folder, made in outputs:  # refused now, not after minutes of export
+        if folder:
+            check_trtllm_destination(workdir / path, overwrite=True, need_bytes=weights)
+        else:
+            files.check_destination(
+                workdir / path, writer, folder=False, overwrite=overwrite, need_bytes=weights, parents=True, made=made
+            )
+    onnx_path = export_visual_onnx(checkpoint, workdir / ONNX_FILE, overwrite=overwrite)
     log(f"[export, CPU] vision tower → {onnx_path}")
     if strongly_typed:
-        fp16_path = to_float16_onnx(onnx_path, workdir / ONNX_FP16_FILE)
+        fp16_path = to_float16_onnx(onnx_path, workdir / ONNX_FP16_FILE, overwrite=overwrite)
         log(f"[export, CPU] float16 graph for a strongly typed plan → {fp16_path}")
-    dtype = dtype_name(build_config.dtype)
-    trt_checkpoint = convert_to_trtllm_checkpoint(checkpoint, workdir / CHECKPOINT_DIR, dtype, tp_size=tp_size)
+    trt_checkpoint = convert_to_trtllm_checkpoint(checkpoint, workdir / CHECKPOINT_DIR, dtype, tp_size, overwrite=True)
     ranks = " + ".join(f"rank{r}.safetensors" for r in range(tp_size))
     log(f"[convert, CPU] language model → {trt_checkpoint} (config.json + {ranks}, no vision weights)")
     command = trtllm_build_command(trt_checkpoint, workdir / ENGINE_DIR, build_config)
-    (workdir / COMMAND_FILE).write_text(json.dumps(command) + "\n")
+    files.write_text(
+        workdir / COMMAND_FILE, json.dumps(command) + "\n", WRITER, overwrite=overwrite, made=_is_command_file
+    )
     log(f"[build command] saved to {workdir / COMMAND_FILE}:\n{shlex.join(command)}")
     if reference is not None:
         image, question, max_new_tokens = reference
         answer = pytorch_answer(checkpoint, image, question, max_new_tokens)
         record = dict(image=str(image), question=question, max_new_tokens=max_new_tokens, answer=answer)
-        (workdir / REFERENCE_FILE).write_text(json.dumps(record, ensure_ascii=False))
+        text = json.dumps(record, ensure_ascii=False)
+        files.write_text(workdir / REFERENCE_FILE, text, WRITER, overwrite=overwrite, made=_is_reference_file)
         log(f"[reference, CPU] our PyTorch model answers: {answer}")
     return command
+
+
+def _json_of(path):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _is_command_file(path) -> bool:
+    """True for a build command the prepare stage saved (a JSON list: trtllm-build and its arguments)."""
+    command = _json_of(path)
+    return isinstance(command, list) and command[:1] == ["trtllm-build"]
+
+
+def _is_reference_file(path) -> bool:
+    """True for a reference answer the prepare stage saved."""
+    record = _json_of(path)
+    return isinstance(record, dict) and set(record) == {"image", "question", "max_new_tokens", "answer"}
 
 
 def pytorch_answer(checkpoint, image, question: str, max_new_tokens: int) -> str:
@@ -112,6 +166,32 @@ def checkpoint_mapping(workdir) -> tuple[int, int]:
     fix = "run the prepare stage first (--stage prepare)"
     mapping = field(read_json(config_file, fix), "mapping", "dict", config_file, fix)
     return field(mapping, "tp_size", "int", config_file, fix), mapping.get("pp_size", 1)
+
+
+def _plans(folder: Path) -> dict | None:
+    """The plans a GPU stage wrote in `folder`: its mark's list, or (written before marks) its .plan files when that
+    is all it holds."""
+    listed = files.made_files(folder)
+    if listed is not None:
+        return listed
+    names = {p.name for p in folder.iterdir()} - files.DISPOSABLE
+    return {name: [] for name in names} if names and all(n.endswith(".plan") for n in names) else None
+
+
+def _plan_folder(folder: Path, overwrite: bool) -> None:
+    """Refuse a plan folder holding anything but plans of this package."""
+    if _plans(folder) is None:
+        raise FileExistsError(f"{folder} holds files the GPU stage did not write: move them, or give another --workdir")
+
+
+def write_plan(onnx_path, workdir: Path, strongly_typed: bool = False) -> Path:
+    """The vision plan of `onnx_path` in workdir/plan/: the folder written whole, replacing one an earlier GPU stage
+    made (and nothing else)."""
+    with files.writing_folder(
+        workdir / PLAN_FILE.parent, PLAN_FOLDER_WRITER, overwrite=True, allow=_plan_folder, made=_plans
+    ) as staging:
+        build_visual_plan(onnx_path, staging / PLAN_FILE.name, strongly_typed=strongly_typed)
+    return workdir / PLAN_FILE
 
 
 def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one argument each
@@ -147,7 +227,7 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
     tokenizer = load_tokenizer(checkpoint)
 
     def build() -> tuple[str, str]:
-        plan = build_visual_plan(onnx_path, workdir / PLAN_FILE, strongly_typed=strongly_typed)
+        plan = write_plan(onnx_path, workdir, strongly_typed)
         log(f"[plan, GPU] vision tower → {plan}{' (strongly typed)' if strongly_typed else ''}")
         engine_dir = run_trtllm_build(json.loads((workdir / COMMAND_FILE).read_text()))
         log(f"[build, GPU] engine → {engine_dir}")

@@ -1,8 +1,8 @@
 """The exported vision tower's interface: opset, tensor names and image size, shared by the ONNX and TensorRT steps."""
 
-from pathlib import Path
-
 import onnx
+
+from ..checks.values import check_path
 
 OPSET = 17
 INPUT_NAME, OUTPUT_NAME = "input", "output"  # input [batch, 3, S, S] → output [batch, 256, H]
@@ -10,7 +10,7 @@ INPUT_NAME, OUTPUT_NAME = "input", "output"  # input [batch, 3, S, S] → output
 
 def onnx_image_size(onnx_path) -> int:
     """S of the `input` [batch, 3, S, S] of an exported vision tower (read without loading the weights)."""
-    onnx_path = Path(onnx_path)
+    onnx_path = check_path("onnx_path", onnx_path)
     if not onnx_path.is_file():
         raise FileNotFoundError(f"ONNX file not found: {str(onnx_path)!r}; make it with export_visual_onnx")
     graph = onnx.load(str(onnx_path), load_external_data=False).graph

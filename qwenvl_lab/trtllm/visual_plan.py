@@ -12,10 +12,13 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..checks.values import is_int
+from .. import files
+from ..checks.values import check_path, is_int
 from ..vision import preprocess_images
 from .gpu import require_gpu_stack
 from .vision_graph import INPUT_NAME, OUTPUT_NAME, onnx_image_size
+
+PLAN_WRITER = files.writer("vision plan", "a TensorRT plan of the vision tower")
 
 
 def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
@@ -28,7 +31,7 @@ def check_batch_profile(min_batch: int, opt_batch: int, max_batch: int) -> None:
 
 def graph_float_types(onnx_path) -> set[str]:
     """The floating-point types of an ONNX graph's weights ({"FLOAT"}, {"FLOAT", "FLOAT16"}, …), read without them."""
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = onnx.load(str(check_path("onnx_path", onnx_path)), load_external_data=False).graph
     floating = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
     return {onnx.TensorProto.DataType.Name(t.data_type) for t in graph.initializer if t.data_type in floating}
 
@@ -41,12 +44,16 @@ def build_visual_plan(
     opt_batch: int = 1,
     max_batch: int = 4,
     strongly_typed: bool = False,
+    overwrite: bool = False,
 ) -> Path:
-    """Build and save a TensorRT engine (`.plan`) of the exported vision tower with the `tensorrt` Python API.
+    """Build and save a TensorRT engine (`.plan`) of the exported vision tower with the `tensorrt` Python API (a new
+    file, or with overwrite=True one replacing it).
 
     strongly_typed=True builds a float16 graph (`to_float16_onnx`) in the types it states, without precision flags.
     """
     check_batch_profile(min_batch, opt_batch, max_batch)
+    need = 2 * Path(onnx_path).stat().st_size if Path(onnx_path).is_file() else 0  # float16 of a float32 graph, or so
+    files.check_destination(plan_path, PLAN_WRITER, folder=False, overwrite=overwrite, need_bytes=need, parents=True)
     size = onnx_image_size(onnx_path)
     if strongly_typed and "FLOAT16" not in graph_float_types(onnx_path):
         raise ValueError(
@@ -74,11 +81,10 @@ def build_visual_plan(
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise RuntimeError(f"TensorRT could not build a plan from {onnx_path}; its log above says why")
-    plan_path = Path(plan_path)
-    plan_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(plan_path, "wb") as f:
-        f.write(plan)  # IHostMemory is a buffer: no copy of the (GB-sized) engine
-    return plan_path
+    with files.writing_file(plan_path, PLAN_WRITER, overwrite=overwrite, need_bytes=plan.nbytes, parents=True) as part:
+        with open(part, "wb") as f:
+            f.write(plan)  # IHostMemory is a buffer: no copy of the (GB-sized) engine
+    return Path(plan_path)
 
 
 class TRTVisualEncoder:

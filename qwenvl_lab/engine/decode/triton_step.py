@@ -7,16 +7,27 @@ version) and handed back to the autotuner by the next process that loads the eng
 """
 
 import json
-import os
 import warnings
 from pathlib import Path
 
 import torch
 import triton
 
+from ... import files
 from . import DecodeStep, triton_linear
 from .triton_attention import decode_attention
 from .triton_linear import fused_linear, rms_norm
+
+
+def _tuning_file(path) -> bool:
+    """True for a tuning file this package wrote: a JSON object of tuning keys and their choices."""
+    try:
+        return isinstance(json.loads(Path(path).read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+TUNING_WRITER = files.writer("decode tuning", "the decode kernels' tuned choices (tuning.json beside an engine)")
 
 
 class TritonDecode(DecodeStep):
@@ -69,11 +80,10 @@ class TritonDecode(DecodeStep):
         if self.tuning_file is None or not choices or entries.get(self.tuning_key) == choices:
             return
         entries[self.tuning_key] = choices
-        try:
-            staging = self.tuning_file.with_suffix(".json.tmp")
-            staging.write_text(json.dumps(entries, indent=1) + "\n")
-            os.replace(staging, self.tuning_file)
-        except OSError as err:
+        try:  # the runner's own file beside the engine: replaced whenever its choices change
+            text = json.dumps(entries, indent=1) + "\n"  # the entries there (another GPU's) kept, this one's added
+            files.write_text(self.tuning_file, text, TUNING_WRITER, made=_tuning_file)
+        except (OSError, ValueError) as err:
             warnings.warn(
                 f"could not save the tuned kernel choices to {self.tuning_file} ({err}); the next process "
                 "will tune them again",
