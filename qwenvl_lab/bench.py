@@ -999,8 +999,12 @@ def main(argv=None) -> dict:
         report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **reuse_gain(args)}
         print(format_reuse(report))
         if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+            files.write_text(
+                args.json,
+                json.dumps(report, indent=2, ensure_ascii=False) + "\n",
+                JSON_WRITER,
+                overwrite=args.overwrite,
+            )
         return report
     try:
         results = run_benchmark(args, argv)

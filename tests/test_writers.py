@@ -563,6 +563,18 @@ ALLOWED = {
     ("tools/classload.py", "main", ".chmod"): "the load test's own temporary folder, made by tempfile.mkdtemp",
     ("tools/classload.py", "main", ".mkdir"): "a folder inside the load test's own temporary folder",
     ("tools/classload.py", "main", "shutil.rmtree"): "removes the load test's own temporary folder",
+    ("tools/classload.py", "make_upstream", ".mkdir"): "the stand-in upstream, in the load test's temporary folder",
+    ("tools/classload.py", "make_upstream", "shutil.copy2"): "the stand-in upstream's working copy of the clone",
+    ("tools/classload.py", "make_upstream", ".chmod"): "the stand-in upstream, readable by the test's learners",
+    ("tools/classload.py", "change_upstream", ".chmod"): "the objects a push added to the stand-in upstream",
+    ("tools/classload.py", "trust_upstream", ".write_text"): "a test learner's ~/.gitconfig (a user made for the run)",
+    (
+        "tools/workshop_figures.py",
+        "write_text",
+        ".write_text",
+    ): "a tracked file of the clone (docs/workshop.md, the Z2JH values), written whole beside it…",
+    ("tools/workshop_figures.py", "write_text", "os.replace"): "…then renamed over it",
+    ("tools/wheelhouse.py", "gather", ".mkdir"): "the wheelhouse folder, into which pip writes each wheel itself",
     # make clean runs with any Python, before .venv exists or as it goes: it backs up trained models, training states
     # and the learner's notebooks, then removes the course's outputs (tests/test_clean.py)
     ("tools/clean.py", "clean", ".mkdir"): "the dated backup folder",

@@ -302,7 +302,7 @@ def wheelhouse(environ=None, clone=CLONE):
 
 def check_wheelhouse(folder=None, version_info=sys.version_info, machine=None, system=None) -> Check:
     """A wheelhouse, if there is one: its wheels, and whether it holds torch for this Python and machine."""
-    folder = wheelhouse() if folder is None else folder
+    folder = wheelhouse() if folder is None else Path(folder)
     if folder is None:
         return Check("wheelhouse", OK, "none (make wheelhouse makes one for a room without fast internet)")
     if not folder.is_dir():
