@@ -66,7 +66,7 @@ def field(config: dict, key: str, kind: str, where, fix: str):
 
 
 def sibling_name(target: Path) -> Path:
-    """A new name beside `target` for a temporary folder that will replace it (`.NAME.<random>.tmp`)."""
+    """A new name beside `target` for a temporary folder or file that will replace it (`.NAME.<random>.tmp`)."""
     return target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
 
 
@@ -84,3 +84,20 @@ def put_in_place(staging: Path, target: Path) -> None:
         shutil.rmtree(replaced, ignore_errors=True)  # else removed with the next writer's leftovers
     else:
         os.replace(staging, target)
+
+
+def put_file(data: bytes, target: Path) -> None:
+    """Write `data` as the file `target` the one way: into a new temporary file beside it (the umask's permissions),
+    flushed to disk, then renamed into place, so a reader sees the old file or the whole new one, never a part."""
+    target = Path(target)
+    staging = sibling_name(target)
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            staging.unlink()
