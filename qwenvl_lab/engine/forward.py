@@ -58,14 +58,15 @@ class LanguageModelEngine:
         """The final norm and output layer of the residual stream x [n, H]: logits [n, V] in float32."""
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()
 
-    def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range]) -> torch.Tensor:
-        """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V]."""
+    def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range], observe=None) -> torch.Tensor:
+        """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V].
+        `observe(i, x)`, when given, sees each layer i's output x [N, H] (a per-stage dump's layers)."""
         positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [N]
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [N, 1, hd]
         masks = [attention_bias(None, n, 0, self.dtype, self.device) for n in lengths]  # [1, 1, L, L] each
         starts = [sum(lengths[:r]) for r in range(len(lengths))]
         x = embeds
-        for layer, cache in zip(self.layers, self.kv_cache):
+        for i, (layer, cache) in enumerate(zip(self.layers, self.kv_cache)):
             q, k, v = attention_input(x, layer, self.eps, cos, sin, self.heads)  # [N, heads, hd] each
             outputs = []
             for start, n, slots, mask in zip(starts, lengths, rows, masks):
@@ -77,6 +78,8 @@ class LanguageModelEngine:
                 )  # [1, heads, L, hd]
                 outputs.append(out[0].transpose(0, 1).reshape(n, -1))
             x = mlp_output(x, torch.cat(outputs), layer, self.eps)
+            if observe is not None:
+                observe(i, x)
         last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=self.device)
         return self.logits(x[last])  # [B, V]
 
