@@ -21,10 +21,13 @@ from qwenvl_lab.stage_dumps import model_probe, sampling_settings
 from qwenvl_lab.stagediff import CAUSES, UNIT_ROUNDOFF, compare, layer_share, report
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, IM_END_ID, load_tokenizer
 from qwenvl_lab.toy import TOY_DIR, load_course_model
+from qwenvl_lab.trtllm import pipeline
 from qwenvl_lab.trtllm.fp16 import to_float16_onnx
 from qwenvl_lab.trtllm.onnx_export import OnnxVisualEncoder, export_visual_onnx
+from qwenvl_lab.trtllm.runner import TRTLLMRunner, read_engine_config
 from qwenvl_lab.unified_checkpoint import trtllm_config
 from qwenvl_lab.vision import preprocess_images
+from tests.test_trtllm_runner import ScriptedModelRunnerCpp, write_engine
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
 PICTURES = [str(IMAGES / "red_circle.png"), str(IMAGES / "blue_square.png")]  # two pictures: two table blocks
@@ -453,3 +456,46 @@ def test_bad_command_lines_get_one_line_naming_the_option(argv, message, tmp_pat
     assert exit_info.value.code == 2 and message in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.startswith("qwenvl-lab")]) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+@pytest.mark.standin
+def test_the_tensorrt_llm_gpu_stage_records_what_it_can(tmp_path, monkeypatch, toy):
+    """The pipeline's --dump path against a stand-in ModelRunnerCpp and a stand-in vision plan (tests only): the
+    pixels, the plan's features, the prompt, the fake ids, the table and the generated ids; no embeddings, layers or
+    logits, which ModelRunnerCpp does not return."""
+    model, tokenizer = toy
+
+    class Plan:  # a vision plan: the toy's tower in float16, as an fp16 plan would run it
+        def __init__(self, path):
+            self.tower = copy.deepcopy(model.transformer.visual).half()
+            self.image_size = self.tower.image_size
+
+        def __call__(self, pixels):
+            return self.tower(pixels)
+
+    monkeypatch.setattr(pipeline, "TRTVisualEncoder", Plan)
+    _, ids = make_prompt(tokenizer, QUESTION, PICTURES[:1])
+    answer = [*tokenizer.encode("A red circle."), IM_END_ID]
+    engine = write_engine(tmp_path / "engine", dtype="float16", max_input_len=512, max_seq_len=600)
+    runner = TRTLLMRunner(read_engine_config(engine), ScriptedModelRunnerCpp({ids[-1]: answer}, max_seq_len=600))
+    dump_path = tmp_path / "trtllm.safetensors"
+    text = pipeline.dumped_answer(
+        runner, "plan/visual_encoder_fp16.plan", tokenizer, PICTURES[0], QUESTION, 8, dump_path
+    )
+    assert text == "A red circle."
+    dump = read_dump(dump_path)
+    assert list(dump.tensors) == [
+        "pixels",
+        "input_vit",
+        "prompt_ids",
+        "img_pos",
+        "input_ids",
+        "prompt_table",
+        "tasks",
+        "task_vocab_size",
+        "output_ids",
+    ]
+    assert dump.tensors["output_ids"].tolist() == answer and dump.dtype == "float16" and dump.device == "cuda"
+    assert "ModelRunnerCpp, vision plan visual_encoder_fp16.plan" in dump.implementation
+    sent = runner.session.calls[-1]["prompt_table"]  # what went to TensorRT-LLM is what the dump holds
+    assert torch.equal(sent[0], dump.tensors["prompt_table"].to(sent.dtype))

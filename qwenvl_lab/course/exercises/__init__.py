@@ -82,6 +82,7 @@ def exercise(key: str, question: str):
 def _load() -> None:
     for module in NOTEBOOK_MODULES:
         importlib.import_module(f".{module}", __name__)
+    importlib.import_module(".which_stage", __name__)  # notebook 08's section on qwenvl-lab diff (08.9, 08.10)
 
 
 def check(key: str, answer) -> Result:
