@@ -24,11 +24,12 @@ from qwenvl_lab.chat import ModelAsRunner
 from qwenvl_lab.checkpoint import vision_tower_from
 from qwenvl_lab.dump import DumpRecorder, read_dump, versions
 from qwenvl_lab.engine import BuildConfig, ModelRunner
+from qwenvl_lab.engine.decode import BACKENDS
 from qwenvl_lab.files import put_file
 from qwenvl_lab.modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
 from qwenvl_lab.resources import data_dir
 from qwenvl_lab.stage_dumps import model_probe
-from qwenvl_lab.stagediff import UNIT_ROUNDOFF, compare, report
+from qwenvl_lab.stagediff import TOLERANCE_RULE, UNIT_ROUNDOFF, compare, report
 from qwenvl_lab.tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from qwenvl_lab.toy import TOY_DIR, load_course_model
 
@@ -40,10 +41,10 @@ def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=("toy", "qwen-vl-chat"), default="toy")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16", help="the engine's")
     parser.add_argument(
-        "--backends", default="torch", help="decode back ends, comma-separated (torch, numba, triton); the first is B"
+        "--dtype", default="float16", help="the engine's dtypes, comma-separated (float16, bfloat16, float32)"
     )
+    parser.add_argument("--backends", default="torch", help="decode back ends, comma-separated (torch, numba, triton)")
     parser.add_argument("--vision-layers", type=int, help="qwen-vl-chat: the tower's layers (default 48)")
     parser.add_argument("--lm-layers", type=int, help="qwen-vl-chat: the language model's layers (default 32)")
     parser.add_argument("--picture", type=Path, default=PICTURE)
@@ -54,6 +55,10 @@ def parse(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.model == "toy" and (args.vision_layers or args.lm_layers):
         parser.error("--vision-layers and --lm-layers shorten Qwen-VL-Chat's depth: use them with --model qwen-vl-chat")
+    args.engines = [tuple(spec.split("/")) for spec in args.engines.split(",")]
+    for spec in args.engines:
+        if len(spec) != 2 or spec[0] not in ("float32", "float16", "bfloat16") or spec[1] not in BACKENDS:
+            parser.error(f"--engines: {'/'.join(spec)!r} is not DTYPE/BACKEND, e.g. float16/torch")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA GPU here; use --device cpu")
     return args
@@ -89,7 +94,8 @@ def stage_table(comparison) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """Record the eager model and the engine, compare, write `stage_drift-<model>.json` in --out."""
+    """Record the eager model and the engine in each dtype and back end, compare each with the eager model, write
+    `stage_drift-<model>.json` in --out."""
     args = parse(argv)
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 is float32: no TF32 in the reference
@@ -109,74 +115,96 @@ def main(argv=None) -> int:
         "question": args.question,
     }
     built = time.perf_counter() - started
-    results = {}
+    runs = []
     with tempfile.TemporaryDirectory(prefix="stage-drift-") as work:
         folder = Path(work)
 
         def record(name: str, runner, vision, probe, dtype) -> Path:
             """One answer through `runner` and `vision`, every stage (every layer too) recorded: the dump's path."""
             recorder = DumpRecorder(name, dtype, args.device, notes=dict(notes))
-            start = time.perf_counter()
             record_answer(
                 recorder, runner, vision, tokenizer, [args.picture], args.question, probe, args.max_new_tokens
             )
-            recorder.notes["seconds"] = f"{time.perf_counter() - start:.1f}"
             return recorder.save(folder / f"{name.replace(' ', '-')}.safetensors")
 
-        eager = record("eager float32", ModelAsRunner(model), model.transformer.visual, model_probe(model), "float32")
-        prompt_len = len(read_dump(eager).tensors["prompt_ids"])
-        build = BuildConfig(
-            max_batch_size=1,
-            max_input_len=prompt_len,
-            max_seq_len=prompt_len + args.max_new_tokens,
-            max_prompt_embedding_table_size=IMG_TOKEN_SPAN,  # one picture
-            dtype=args.dtype,
+        eager = read_dump(
+            record("eager float32", ModelAsRunner(model), model.transformer.visual, model_probe(model), "float32")
         )
+        prompt_len = len(eager.tensors["prompt_ids"])
         prefix = "transformer.visual."
         state = {k[len(prefix) :]: v for k, v in model.state_dict().items() if k.startswith(prefix)}
-        tower = vision_tower_from(config.visual, state, args.dtype).to(device)  # the engine's vision part
-        dumps = {}
-        for backend in args.backends.split(","):
-            runner = ModelRunner.from_model(model, build, device, backend=backend)
-            name = f"engine {args.dtype} {backend}"
-            dumps[backend] = record(name, runner, tower, runner_probe(runner), args.dtype)
+        towers = {}
+        for dtype, backend in args.engines:
+            build = BuildConfig(
+                max_batch_size=1,
+                max_input_len=prompt_len,
+                max_seq_len=prompt_len + args.max_new_tokens,
+                max_prompt_embedding_table_size=IMG_TOKEN_SPAN,  # one picture
+                dtype=dtype,
+            )
+            if dtype not in towers:  # the engine's vision part, in its dtype (float32: the eager tower's own weights)
+                towers = {dtype: vision_tower_from(config.visual, state, dtype).to(device)}
+            start = time.perf_counter()
+            try:
+                runner = ModelRunner.from_model(model, build, device, backend=backend)
+                engine = read_dump(
+                    record(f"engine {dtype} {backend}", runner, towers[dtype], runner_probe(runner), dtype)
+                )
+            except (RuntimeError, ValueError) as err:  # e.g. out of GPU memory: the other runs still count
+                runs.append({"engine_dtype": dtype, "backend": backend, "error": " ".join(str(err).split())[:500]})
+                print(f"engine {dtype} {backend}: {runs[-1]['error']}", flush=True)
+                runner = engine = None
+            seconds = time.perf_counter() - start
             del runner
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        first = args.backends.split(",")[0]
-        comparison = compare(read_dump(eager), read_dump(dumps[first]))
-        print(report(comparison))
-        results = {
-            "hardware": hardware(device),
-            "command": " ".join([sys.executable, *sys.argv]) if argv is None else " ".join(["stage_drift.py", *argv]),
-            "model": args.model,
-            "sizes": notes,
-            "engine_dtype": args.dtype,
-            "versions": versions(),
-            "tf32": False,
-            "seconds_to_build_the_model": round(built, 1),
-            "a": comparison.a.describe(),
-            "b": comparison.b.describe(),
-            "stages": stage_table(comparison),
-            "first_diverging_stage": None if comparison.first is None else comparison.first.name,
-            "diagnosis": comparison.diagnosis,
-            "same_answer": {r.name: r.status for r in comparison.results}.get("output_ids") == "same",
-            "tolerance_rule": comparison.to_json()["tolerance_rule"],
-            "back_ends": {
-                backend: {
-                    "first_diverging_stage_against_eager": (lambda c: None if c.first is None else c.first.name)(
-                        compare(read_dump(eager), read_dump(path))
-                    ),
-                    "output_ids": read_dump(path).tensors["output_ids"].tolist(),
+            if engine is None:
+                write(args, results_of(args, device, notes, built, runs))
+                continue
+            comparison = compare(eager, engine)
+            print(report(comparison), flush=True)
+            runs.append(
+                {
+                    "engine_dtype": dtype,
+                    "backend": backend,
+                    "a": eager.describe(),
+                    "b": engine.describe(),
+                    "stages": stage_table(comparison),
+                    "first_diverging_stage": None if comparison.first is None else comparison.first.name,
+                    "diagnosis": comparison.diagnosis,
+                    "same_answer": {r.name: r.status for r in comparison.results}.get("output_ids") == "same",
+                    "output_ids": {
+                        "a": eager.tensors["output_ids"].tolist(),
+                        "b": engine.tensors["output_ids"].tolist(),
+                    },
+                    "seconds": round(seconds, 1),
                 }
-                for backend, path in dumps.items()
-            },
-        }
+            )
+            write(args, results_of(args, device, notes, built, runs))  # after every run: a cut-off run keeps the rest
+    return 0
+
+
+def results_of(args, device, notes: dict, built: float, runs: list) -> dict:
+    """The JSON written: the hardware, the command, the model, the versions, and each engine's comparison."""
+    return {
+        "hardware": hardware(device),
+        "command": " ".join([sys.executable, *sys.argv]),
+        "model": args.model,
+        "sizes": notes,
+        "versions": versions(),
+        "tf32": False,
+        "seconds_to_build_the_model": round(built, 1),
+        "tolerance_rule": TOLERANCE_RULE,
+        "runs": runs,
+    }
+
+
+def write(args, results: dict) -> None:
+    """results as `stage_drift-<model>.json` in --out (written the package's one way)."""
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / f"stage_drift-{args.model}.json"
     put_file((json.dumps(results, indent=1, ensure_ascii=False, default=str) + "\n").encode(), target)
-    print(f"written to {target}")
-    return 0
+    print(f"written to {target}", flush=True)
 
 
 if __name__ == "__main__":
