@@ -17,13 +17,13 @@ from .dump import LAYER_NAME, Dump, pipeline_order, stage
 from .prompt_table import rows_read
 
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-PRECISION = ("float32", "bfloat16", "float16")  # no coarser dtype needed: bfloat16 and float16 rank by their u
 # a layer's share of the tolerance: STORAGE · u (its results rounded to the run's dtype) + ACCUMULATION · u_float32 ·
 # √n (float32 sums of n products in another order); each a few times the largest measured (docs/diff.md)
 STORAGE, ACCUMULATION = 4.0, 0.5
 QWEN_VL_CHAT_SIZES = {"vision_layers": 48, "lm_layers": 32, "hidden_size": 4096}  # a dump that does not say
-# same: bit for bit; within: inside the tolerance; diverges: beyond it (ids: they differ); carried: after a stage
-# that diverges, inside what that stage's error explains
+# same: bit for bit; within: inside the tolerance; diverges: beyond it (ids: they differ); carried: a stage after the
+# first that diverges and not the same: its difference may be the first one's alone, and a second cause behind it
+# cannot be told apart until the first is fixed
 STATUS = ("same", "within", "diverges", "carried", "only in A", "only in B", "not compared")
 
 
@@ -480,8 +480,8 @@ def compare(a: Dump, b: Dump) -> Comparison:
     """Compare dump B against dump A (the reference), stage by stage in pipeline order.
 
     A feature stage's tolerance adds to the relative error of the feature stage before it (the error it inherits)
-    a `layer_share` for each layer between them (`stage_depth`); after a stage that diverges, a stage within that
-    tolerance is "carried" (its error is the earlier one's), one beyond it diverges again."""
+    a `layer_share` for each layer between them (`stage_depth`). After the first stage that diverges, every stage that
+    is not the same is "carried": the first divergence is the one to fix, and a second behind it shows only then."""
     sizes = sizes_of(a, b)
     run = coarser(a.dtype, b.dtype)
     results, before = [], None  # before: the last feature stage compared
@@ -503,11 +503,13 @@ def compare(a: Dump, b: Dump) -> Comparison:
         else:
             result = compare_features(name, ta, tb, tolerance, dtype)
         result.depth = depth
-        if result.status == "within" and before is not None and before.status in ("diverges", "carried"):
-            result.status = "carried"
         if result.rel is not None or result.diverges:
             before = result
         results.append(result)
+    first = next((k for k, r in enumerate(results) if r.diverges), len(results))
+    for r in results[first + 1 :]:
+        if r.status in ("within", "diverges"):
+            r.status = "carried"
     comparison = Comparison(a, b, results, header_differences(a, b))
     comparison.diagnosis = diagnose(comparison)
     return comparison
@@ -535,9 +537,13 @@ def diagnose(comparison: Comparison) -> list[str]:
     inputs = [key for key in ("pictures", "question") if key in comparison.header_differences]
     if inputs:
         notes.append(f"the runs were given different {' and '.join(inputs)}: compare two runs of the same input")
-    later = [r for r in comparison.results if r.status in ("same", "within") and _after(r.name, first.name)]
+    later = [
+        r
+        for r in comparison.results
+        if r.status == "same" and _after(r.name, first.name) and (not stage(r.name).ids or r.name == "output_ids")
+    ]
     if later:
-        notes.append(f"later stages that still agree: {', '.join(r.name for r in later)}")
+        notes.append(f"later stages that are still the same: {', '.join(r.name for r in later)}")
     if first.name == "pixels":
         notes.append(_ranges(a.tensors["pixels"], b.tensors["pixels"]))
     if first.step == "vision":
@@ -578,7 +584,7 @@ def _fake_id_starts(a: Dump, b: Dump) -> list[str]:
         spans = [ids[int(s) + 1 : int(e)] for _, s, e in d.tensors.get("img_pos", a.tensors["img_pos"]).tolist()]
         if spans and all(len(s) for s in spans):
             start = min(int(s.min()) for s in spans)
-            where = "from vocab_size on: the table" if start >= d.vocab_size else "below vocab_size: the vocabulary"
+            where = "the prompt table" if start >= d.vocab_size else "the vocabulary, being below it"
             notes.append(f"{who}'s image spans hold ids from {start} (vocab_size {d.vocab_size}): they read {where}")
     return notes
 
@@ -610,14 +616,24 @@ def _layer_jump(comparison: Comparison, first: StageResult) -> str:
     embeds = next((r for r in comparison.results if r.name == "input_embeds"), None)
     before = "the input embeddings agree" if embeds is not None and not embeds.diverges else "no input embeddings"
     size = "" if first.rel is None else f" (relative error {first.rel:.2g}"
-    size += "" if first.rel is None or not first.tolerance else f", {first.rel / first.tolerance:.0f}× its tolerance)"
+    size += "" if first.rel is None or not first.tolerance else f", {first.rel / first.tolerance:.2g}× its tolerance)"
     size += ")" if first.rel is not None and not first.tolerance else ""
     return f"{before}, and {first.name} is the first layer beyond its tolerance{size}: that layer's own weights or arithmetic"
 
 
+def decoding_words(sampling: dict | None) -> str:
+    """A dump's decoding settings in words: "greedy", or the sampling knobs it used."""
+    if sampling is None:
+        return "did not say how it decoded"
+    if sampling.get("greedy"):
+        return "greedy"
+    knobs = ("top_k", "top_p", "temperature", "random_seed", "repetition_penalty")
+    return "sampled with " + ", ".join(f"{k} {sampling[k]}" for k in knobs if sampling.get(k) is not None)
+
+
 def _decoding(comparison: Comparison) -> list[str]:
     a, b = comparison.a, comparison.b
-    notes = [f"decoding: A {a.sampling or 'not said'}; B {b.sampling or 'not said'}"]
+    notes = [f"decoding: A {decoding_words(a.sampling)}; B {decoding_words(b.sampling)}"]
     for who, d in (("A", a), ("B", b)):
         if "logits" in d.tensors and len(d.tensors["output_ids"]) and (d.sampling or {}).get("greedy") is not False:
             best = int(d.tensors["logits"].argmax())

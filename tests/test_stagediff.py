@@ -165,7 +165,7 @@ def test_fake_ids_from_151643_are_named_at_the_fake_ids(eager, engine, toy, fold
     comparison = compare(eager, bad)
     assert (comparison.first.name, comparison.first.step) == ("input_ids", "fake ids"), report(comparison)
     assert "holds a fake id in A but a vocabulary id in B (151936 against 151643" in comparison.first.detail
-    assert any("B's image spans hold ids from 151643" in n and "the vocabulary" in n for n in comparison.diagnosis)
+    assert "B's image spans hold ids from 151643 (vocab_size 151936): they read the vocabulary" in report(comparison)
     embeds = next(r for r in comparison.results if r.name == "input_embeds")
     assert embeds.status == "carried" or embeds.diverges  # what the lookup read changed with the ids
 
@@ -394,15 +394,15 @@ def test_a_stage_one_dump_lacks_is_listed_not_compared(folder):
     assert compare(b, a).results[0].status == "only in B"
 
 
-def test_after_a_divergence_what_it_explains_is_carried(folder):
-    """Once a stage diverges, a later stage whose error that divergence explains is 'carried'; one that grows past it
-    diverges again."""
+def test_after_the_first_divergence_what_differs_is_carried(folder):
+    """After the first stage that diverges, a later stage that is not the same is 'carried' (a second cause behind
+    the first cannot be told apart until the first is fixed); one that is the same stays the same."""
     torch.manual_seed(0)
     x = torch.randn(64, 32)
     a = made_up(folder, "clean", input_embeds=x, layers_0=x, layers_1=x)
-    b = made_up(folder, "carried", input_embeds=x * 1.1, layers_0=x * 1.1, layers_1=x * 1.5)
+    b = made_up(folder, "carried", input_embeds=x * 1.1, layers_0=x * 1.1, layers_1=x)
     statuses = [r.status for r in compare(a, b).results]
-    assert statuses == ["diverges", "carried", "diverges"]
+    assert statuses == ["diverges", "carried", "same"]
 
 
 def test_the_comparison_as_json_names_the_stage_cause_and_evidence(folder):

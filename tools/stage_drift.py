@@ -4,9 +4,10 @@ recorded as a per-stage dump and compared (`qwenvl-lab diff`'s table), written a
     python tools/stage_drift.py --model qwen-vl-chat --device cuda --out DIR   # Qwen-VL-Chat's shapes, random weights
     python tools/stage_drift.py --model toy --device cpu --out DIR             # the shipped toy model on a CPU
 
-The eager model runs float32 as float32 (TF32 off for matrix products and convolutions); the engine is built from it
-in memory (`ModelRunner.from_model`) with every decode back end asked for, its vision tower cast to the engine's
-dtype. `--vision-layers` and `--lm-layers` shorten Qwen-VL-Chat's depth (its widths kept) for a trial that fits a CPU.
+The eager model runs float32 as float32 (TF32 off for matrix products and convolutions); each engine of `--engines`
+(DTYPE/BACKEND) is built from it in memory (`ModelRunner.from_model`), its vision tower cast to the engine's dtype,
+and compared with it; the JSON is rewritten after every engine, so a run cut short keeps what it measured.
+`--vision-layers` and `--lm-layers` shorten Qwen-VL-Chat's depth (its widths kept) for a trial that fits a CPU.
 """
 
 import argparse
@@ -42,9 +43,11 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", choices=("toy", "qwen-vl-chat"), default="toy")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument(
-        "--dtype", default="float16", help="the engine's dtypes, comma-separated (float16, bfloat16, float32)"
+        "--engines",
+        default="float16/torch",
+        help="the engines compared with the eager model, comma-separated DTYPE/BACKEND (float32, float16, bfloat16; "
+        "torch, numba, triton); default %(default)s",
     )
-    parser.add_argument("--backends", default="torch", help="decode back ends, comma-separated (torch, numba, triton)")
     parser.add_argument("--vision-layers", type=int, help="qwen-vl-chat: the tower's layers (default 48)")
     parser.add_argument("--lm-layers", type=int, help="qwen-vl-chat: the language model's layers (default 32)")
     parser.add_argument("--picture", type=Path, default=PICTURE)
