@@ -353,6 +353,26 @@ def file_option(parser: argparse.ArgumentParser, option: str, path, what: str) -
     return Path(path)
 
 
+def check_dump_sources(parser: argparse.ArgumentParser, engine, checkpoint, onnx) -> None:
+    """Refuse, naming the option, an engine, checkpoint or ONNX graph that cannot be read, before any work."""
+    from .checkpoint import load_config
+    from .engine import load_engine_config
+    from .trtllm.vision_graph import onnx_image_size
+
+    checks = (
+        ("--engine", engine, lambda: load_engine_config(engine, verify="quick")),
+        ("--checkpoint", checkpoint, lambda: load_config(checkpoint)),
+        ("--vision-onnx", onnx, lambda: onnx_image_size(onnx)),
+    )
+    for option, given, read in checks:
+        if given is None:
+            continue
+        try:
+            read()
+        except Exception as err:  # whatever the reader raises (onnx: protobuf's DecodeError), one line
+            parser.error(f"{option} {str(given)!r} cannot be used: {one_line(err)}")
+
+
 def dump_main(argv=None) -> int:
     """`qwenvl-lab dump`: one answer from the package's eager model or engine, every stage recorded in a dump."""
     parser = Parser(prog="qwenvl-lab dump", description=dump_main.__doc__)
@@ -401,6 +421,7 @@ def dump_main(argv=None) -> int:
         output = check_dump_target(args.output, args.overwrite)
     except (OSError, ValueError) as err:
         parser.error(f"--output {one_line(err)}")
+    check_dump_sources(parser, engine, checkpoint, onnx)
     from .stage_dumps import implementation_dump
 
     recorder = implementation_dump(

@@ -21,7 +21,7 @@ mkdir -p "$RESULTS"
 PY="${PYTHON:-python}"
 
 if [ "$DEVICE" = cuda ]; then
-    MARKS="gpu"  # the CUDA tests: the toy engine on the GPU (float32, float16 and bfloat16; torch and triton)
+    MARKS="gpu"  # the CUDA tests: the toy engine on the GPU (float32 with torch, float16 with triton and CUDA graphs)
     DRIFT=(--model qwen-vl-chat --device cuda --engines float16/torch,float16/triton,bfloat16/torch,float32/torch)
 else
     MARKS="not gpu and not slow"  # the dry run: the same file's CPU tests
@@ -33,7 +33,7 @@ set +e
 "${TESTS[@]}" > "$RESULTS/tests.log" 2>&1
 STATUS=$?
 set -e
-"$PY" - "$RESULTS" "$STATUS" "$DEVICE" "${TESTS[*]}" <<'PYTHON'
+"$PY" - "$RESULTS" "$STATUS" "$DEVICE" "$(printf '%q ' "${TESTS[@]}")" <<'PYTHON'
 import json, platform, sys
 from pathlib import Path
 
@@ -42,7 +42,7 @@ import torch
 results, status, device, command = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 log = (results / "tests.log").read_text(errors="replace").strip().splitlines()
 card = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else f"CPU: {platform.machine()}"
-summary = {"card": card, "command": command, "exit_status": status, "summary": log[-1] if log else ""}
+summary = {"card": card, "command": command.strip(), "exit_status": status, "summary": log[-1] if log else ""}
 (results / "tests.json").write_text(json.dumps(summary, indent=1) + "\n")
 print(json.dumps(summary))
 PYTHON
