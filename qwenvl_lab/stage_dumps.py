@@ -84,6 +84,11 @@ def implementation_dump(  # noqa: PLR0913 — the command line's options, one ar
         runner, vision, tokenizer = ModelAsRunner(model), model.transformer.visual, load_tokenizer(directory)
         implementation, probe = "qwenvl-lab eager model (transformers generate)", model_probe(model, layers)
         notes["checkpoint"] = str(directory)
+    notes.update(  # the layer counts and width the comparison's tolerances count (stagediff.sizes_of)
+        vision_layers=str(len(vision.transformer.resblocks)),
+        lm_layers=str(len(runner.engine.layers) if engine is not None else runner.model.config.num_hidden_layers),
+        hidden_size=str(runner.hidden_size),
+    )
     if vision_onnx is not None:
         vision = OnnxVisualEncoder(vision_onnx)
         types = ", ".join(sorted(graph_float_types(vision_onnx)))

@@ -234,3 +234,15 @@ def test_what_is_not_a_dump_is_refused_when_read(tmp_path):
     with pytest.raises(ValueError, match="header field 'sampling' is not JSON"):
         read_dump(garbled)
     assert json.loads(json.dumps(header))  # the test's own header is valid JSON around the broken field
+
+
+def test_a_hook_on_the_output_layer_keeps_the_prefills_last_row():
+    """hook_output(model.lm_head, "logits"): the prefill's logits [1, L, V] give the row that picks the first token."""
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(4, 6, bias=False)
+    rec = recorder()
+    rec.hook_output(lm_head, "logits")
+    hidden = torch.randn(1, 5, 4)
+    expected = lm_head(hidden)[0, -1]
+    lm_head(torch.randn(1, 1, 4))  # a decode step: not recorded
+    assert torch.equal(rec.tensors["logits"], expected.detach())

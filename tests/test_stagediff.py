@@ -284,20 +284,23 @@ def test_transformers_qwen2_on_mapped_weights_agrees_with_the_packages_language_
     assert statuses["input_embeds"] == "same"  # the same rows, looked up or overwritten
 
 
-def test_the_command_line_dumps_and_compares(toy, folder, capsys):
+def test_the_command_line_dumps_and_compares(toy, eager, folder, capsys):
     a, b = folder / "cli-a.safetensors", folder / "cli-b.safetensors"
     common = ["--image", PICTURES[0], "--max-new-tokens", "4"]
     assert main(["dump", *common, "--output", str(a)]) == 0
     assert main(["dump", *common, "--output", str(b), "--layers"]) == 0
     assert "dump written to" in capsys.readouterr().out
+    header = read_dump(b).header  # the sizes the tolerances count, the run, the decoding
+    assert (header["vision_layers"], header["lm_layers"], header["hidden_size"]) == ("3", "4", "128")
+    assert header["implementation"].startswith("qwenvl-lab eager model") and '"greedy": true' in header["sampling"]
     assert main(["diff", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "no divergence" in out and "only in B" in out  # the layers B recorded
-    assert main(["diff", str(a), str(folder / "swapped.safetensors")]) == 1  # one picture against two
+    assert main(["diff", str(a), str(eager.path)]) == 1  # one picture against two
     out = capsys.readouterr().out
     assert "first diverging stage: pixels (preprocessing)" in out and "given different pictures" in out
-    assert main(["diff", "--json", str(folder / "eager.safetensors"), str(folder / "swapped.safetensors")]) == 1
-    assert '"first_diverging_stage": "layers.0"' in capsys.readouterr().out
+    assert main(["diff", "--json", str(eager.path), str(a)]) == 1
+    assert '"first_diverging_stage": "pixels"' in capsys.readouterr().out
 
 
 def test_tolerances_follow_the_coarser_dtype(folder):
