@@ -8,6 +8,7 @@ import argparse
 import errno
 import importlib
 import io
+import json
 import re
 import sys
 from pathlib import Path
@@ -33,6 +34,11 @@ SUBCOMMANDS = {
         "qwenvl_lab.trtllm.pipeline:main",
         "the TensorRT path: ONNX, plan, checkpoint, trtllm-build, one answer",
     ),
+    "dump": (
+        "qwenvl_lab.cli:dump_main",
+        "record every stage of one answer, pixels to generated ids, as a per-stage dump (safetensors)",
+    ),
+    "diff": ("qwenvl_lab.cli:diff_main", "compare two per-stage dumps and name the first stage that diverges"),
     "doctor": ("qwenvl_lab.course.doctor:main", "check this machine for the course, one line per check"),
     "lab": ("qwenvl_lab.course.lab:main", "open the course in JupyterLab on your own copies of the notebooks"),
 }
@@ -44,19 +50,20 @@ def command_function(name: str):
     return getattr(importlib.import_module(module), function)
 
 
-def count(low: int):
-    """An argparse type: a whole number >= low."""
+def count(low: int, high: int | None = None):
+    """An argparse type: a whole number >= low (and <= high, when given)."""
+    bounds = f">= {low}" if high is None else f"from {low} to {high}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text!r}")
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be a whole number {bounds}, got {text!r}")
         return value
 
-    parse.__name__ = f"whole number >= {low}"
+    parse.__name__ = f"whole number {bounds}"
     return parse
 
 
@@ -332,6 +339,145 @@ def build_main(argv=None) -> int:
     )
     print(f"engine written to {engine_dir}")
     return 0
+
+
+def folder_option(parser: argparse.ArgumentParser, option: str, path, what: str) -> Path | None:
+    """A folder given to `option`, refused at once (with the option's name) when there is no folder there."""
+    if path is None:
+        return None
+    if not str(path).strip():
+        parser.error(f"{option} is empty: give {what}")
+    if Path(path).is_file():
+        parser.error(f"{option} {str(path)!r} is a file: give {what}")
+    if not Path(path).is_dir():
+        parser.error(f"{option} {str(path)!r} not found: give {what}")
+    return Path(path)
+
+
+def file_option(parser: argparse.ArgumentParser, option: str, path, what: str) -> Path | None:
+    """A file given to `option`, refused at once (with the option's name) when there is no file there."""
+    if path is None:
+        return None
+    if Path(path).is_dir():
+        parser.error(f"{option} {str(path)!r} is a folder: give {what}")
+    if not Path(path).is_file():
+        parser.error(f"{option} {str(path)!r} not found: give {what}")
+    return Path(path)
+
+
+def check_dump_sources(parser: argparse.ArgumentParser, engine, checkpoint, onnx) -> None:
+    """Refuse, naming the option, an engine, checkpoint or ONNX graph that cannot be read, before any work."""
+    from .checkpoint import load_config
+    from .engine import load_engine_config
+    from .trtllm.vision_graph import onnx_image_size
+
+    checks = (
+        ("--engine", engine, lambda: load_engine_config(engine, verify="quick")),
+        ("--checkpoint", checkpoint, lambda: load_config(checkpoint)),
+        ("--vision-onnx", onnx, lambda: onnx_image_size(onnx)),
+    )
+    for option, given, read in checks:
+        if given is None:
+            continue
+        try:
+            read()
+        except Exception as err:  # whatever the reader raises (onnx: protobuf's DecodeError), one line
+            parser.error(f"{option} {str(given)!r} cannot be used: {one_line(err)}")
+
+
+def dump_main(argv=None) -> int:
+    """`qwenvl-lab dump`: one answer from the package's eager model or engine, every stage recorded in a dump."""
+    parser = Parser(prog="qwenvl-lab dump", description=dump_main.__doc__)
+    parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
+    parser.add_argument("--question", default="图片里是什么？", help="the question (default: %(default)s)")
+    parser.add_argument("--output", required=True, help="the dump to write (a new .safetensors file, or --overwrite)")
+    parser.add_argument("--engine", help="an engine directory (build's); default: the eager model of --checkpoint")
+    parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the course's model)")
+    parser.add_argument(
+        "--backend", choices=("torch", "numba", "triton"), help="the engine's decode back end (default: torch)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="the eager model's dtype (default: float32; an engine's is the one it was built in)",
+    )
+    parser.add_argument("--vision-onnx", help="run the vision tower as this exported ONNX graph in ONNX Runtime")
+    parser.add_argument("--layers", action="store_true", help="also record every decoder layer's output")
+    parser.add_argument(
+        "--max-new-tokens", type=count(1), default=16, help="the most tokens the answer may have (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample with the checkpoint's or engine's generation_config.json, as run.py does; default greedy",
+    )
+    parser.add_argument("--seed", type=count(0, 2**63 - 1), default=0, help="the seed with --sample (default: 0)")
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a dump written earlier at --output")
+    args = parser.parse_args(argv)
+    if args.engine is not None and args.checkpoint is not None:
+        parser.error("give --engine or --checkpoint, not both")
+    if args.backend is not None and args.engine is None:
+        parser.error("--backend chooses an engine's decode back end: give --engine too")
+    if args.dtype is not None and args.engine is not None:
+        parser.error("--dtype is the eager model's: an engine computes in the dtype it was built in")
+    engine = folder_option(parser, "--engine", args.engine, "an engine directory (qwenvl-lab build writes one)")
+    checkpoint = folder_option(parser, "--checkpoint", args.checkpoint, "a Qwen-VL checkpoint directory")
+    onnx = file_option(parser, "--vision-onnx", args.vision_onnx, "an ONNX file of the vision tower")
+    images = [str(picture_file(parser, "--image", image)) for image in args.image]
+    from .dump import check_dump_target
+
+    try:
+        output = check_dump_target(args.output, args.overwrite)
+    except (OSError, ValueError) as err:
+        parser.error(f"--output {one_line(err)}")
+    check_dump_sources(parser, engine, checkpoint, onnx)
+    from .stage_dumps import implementation_dump
+
+    recorder = implementation_dump(
+        images,
+        args.question,
+        checkpoint=checkpoint,
+        engine=engine,
+        backend=args.backend or "torch",
+        dtype=args.dtype or "float32",
+        device=args.device,
+        vision_onnx=onnx,
+        layers=args.layers,
+        max_new_tokens=args.max_new_tokens,
+        sample=args.sample,
+        seed=args.seed,
+    )
+    print(f"dump written to {recorder.save(output, overwrite=args.overwrite)} ({len(recorder.tensors)} stages)")
+    return 0
+
+
+def diff_main(argv=None) -> int:
+    """`qwenvl-lab diff A B`: two per-stage dumps compared stage by stage (B against A); exit status 1 when a stage
+    diverges, 0 when none does."""
+    parser = Parser(prog="qwenvl-lab diff", description=diff_main.__doc__)
+    parser.add_argument("a", metavar="A", help="the reference dump (.safetensors)")
+    parser.add_argument("b", metavar="B", help="the dump compared with it")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    args = parser.parse_args(argv)
+    paths = [file_option(parser, name, path, "a dump file") for name, path in (("A", args.a), ("B", args.b))]
+    from .dump import read_dump
+    from .stagediff import compare, report
+
+    dumps = []
+    for name, path in zip("AB", paths):
+        try:
+            dumps.append(read_dump(path))
+        except (OSError, ValueError) as err:
+            parser.error(f"{name}: {one_line(err)}")
+    comparison = compare(*dumps)
+    if args.json:
+        print(json.dumps(comparison.to_json(), ensure_ascii=False, indent=1))
+    else:
+        print(report(comparison))
+    return 1 if comparison.first is not None else 0
 
 
 def one_line(err: BaseException) -> str:

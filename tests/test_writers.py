@@ -36,7 +36,7 @@ from fontTools.subset import Subsetter
 from PIL import Image
 
 import qwenvl_lab
-from qwenvl_lab import bench, files
+from qwenvl_lab import bench, dump, files
 from qwenvl_lab.checkpoint import save_checkpoint
 from qwenvl_lab.cli import save_new_picture
 from qwenvl_lab.course.lab import copy_course_notebooks
@@ -52,7 +52,7 @@ from qwenvl_lab.toy import make_samples, train
 from qwenvl_lab.toy.shapes import Scene
 from qwenvl_lab.trtllm import onnx_export, pipeline, visual_plan
 from qwenvl_lab.unified_checkpoint import convert_to_trtllm_checkpoint
-from tools import classload, website
+from tools import classload, stage_drift, website
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=256)
@@ -106,6 +106,13 @@ def fake_jupyter_book(command, check):
     html = Path(command[command.index("--path-output") + 1]) / "_build" / "html"
     html.mkdir(parents=True)
     (html / "index.html").write_text('<a href="#notebooks/solutions/">solutions</a>')
+
+
+def stage_dump(dest, overwrite):
+    """A recorded stage written as a dump (an earlier dump replaced only with overwrite; any other file never)."""
+    recorder = dump.DumpRecorder("test", "float32")
+    recorder.record("input_ids", torch.arange(4096))
+    recorder.save(dest, overwrite=overwrite)
 
 
 def tuning(dest, overwrite):
@@ -232,6 +239,12 @@ def drivers(tiny_checkpoint, tiny_model, tmp_path_factory):
             setup={(website, "subprocess"): types.SimpleNamespace(run=fake_jupyter_book, CalledProcessError=OSError)},
         ),
         Driver("class-load --json", "load.json", lambda d, o: classload.save_result(d, {"class": {}}, o)),
+        Driver("stage dump", "run.safetensors", stage_dump, work=(dump, "safetensors_bytes")),
+        Driver(
+            "stage drift --json",
+            "drift/stage_drift-toy.json",
+            lambda d, o: stage_drift.write(types.SimpleNamespace(out=d.parent, model="toy"), {"runs": []}, o),
+        ),
     ]
     return {d.name: d for d in listed}
 
@@ -575,6 +588,14 @@ ALLOWED = {
     ): "a tracked file of the clone (docs/workshop.md, the Z2JH values), written whole beside it…",
     ("tools/workshop_figures.py", "write_text", "os.replace"): "…then renamed over it",
     ("tools/wheelhouse.py", "gather", ".mkdir"): "the wheelhouse folder, into which pip writes each wheel itself",
+    ("qwenvl_lab/cli.py", "dump_main", ".save"): "DumpRecorder.save, the stage dump writer",
+    ("qwenvl_lab/trtllm/pipeline.py", "dumped_answer", ".save"): "DumpRecorder.save, the stage dump writer",
+    ("tools/stage_drift.py", "record", ".save"): "DumpRecorder.save, the stage dump writer",
+    (
+        "qwenvl_lab/course/exercises/which_stage.py",
+        "mystery_dumps",
+        ".save",
+    ): "DumpRecorder.save, the stage dump writer",
     # make clean runs with any Python, before .venv exists or as it goes: it backs up trained models, training states
     # and the learner's notebooks, then removes the course's outputs (tests/test_clean.py)
     ("tools/clean.py", "clean", ".mkdir"): "the dated backup folder",

@@ -58,11 +58,14 @@ class LanguageModelEngine:
         """The final norm and output layer of the residual stream x [n, H]: logits [n, V] in float32."""
         return (rms_norm(x, self.ln_f, self.eps) @ self.lm_head_t).float()
 
-    def prefill(self, embeds: torch.Tensor, lengths: list[int], rows: list[range], starts=None) -> torch.Tensor:
+    def prefill(
+        self, embeds: torch.Tensor, lengths: list[int], rows: list[range], starts=None, observe=None
+    ) -> torch.Tensor:
         """Run the prompts packed [N, H] (request r has lengths[r] tokens, cached into `rows[r]`): last logits [B, V].
 
         With `starts`, the first starts[r] tokens of request r are already in its cache rows (reused blocks): embeds
-        packs only the lengths[r] - starts[r] tokens after them, run at their positions over the cached keys."""
+        packs only the lengths[r] - starts[r] tokens after them, run at their positions over the cached keys. `observe(i, x)`,
+        when given, sees each layer i's output x [N, H] (a per-stage dump's layers)."""
         starts = [0] * len(lengths) if starts is None else list(starts)
         news = [n - s for n, s in zip(lengths, starts)]  # tokens each request computes
         positions = torch.cat([torch.arange(s, n, device=self.device) for s, n in zip(starts, lengths)])  # [N]
@@ -70,7 +73,7 @@ class LanguageModelEngine:
         masks = [attention_bias(None, n, s, self.dtype, self.device) for n, s in zip(news, starts)]  # [1, 1, n, s + n]
         offsets = [sum(news[:r]) for r in range(len(news))]
         x = embeds
-        for layer, cache in zip(self.layers, self.kv_cache):
+        for i, (layer, cache) in enumerate(zip(self.layers, self.kv_cache)):
             q, k, v = attention_input(x, layer, self.eps, cos, sin, self.heads)  # [N, heads, hd] each
             outputs = []
             for offset, n, start, slots, mask in zip(offsets, news, starts, rows, masks):
@@ -84,6 +87,8 @@ class LanguageModelEngine:
                 )  # [1, heads, n, hd]
                 outputs.append(out[0].transpose(0, 1).reshape(n, -1))
             x = mlp_output(x, torch.cat(outputs), layer, self.eps)
+            if observe is not None:
+                observe(i, x)
         last = torch.tensor([o + n - 1 for o, n in zip(offsets, news)], device=self.device)
         return self.logits(x[last])  # [B, V]
 

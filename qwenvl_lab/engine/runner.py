@@ -287,6 +287,31 @@ class ModelRunner(Runner):
             track_seen=sampling.repetition_penalty != 1.0,
         )
 
+    @torch.inference_mode()
+    def prefill_stages(self, batch_input_ids, prompt_table=None, prompt_tasks=None, task_vocab_size=None) -> dict:
+        """One request's prompt through the engine, stage by stage (a per-stage dump, `dump.STAGES`): the embeddings it
+        looks up "input_embeds" [L, H], each layer's output "layers.i" [L, H], and the "logits" [V] that pick the first
+        new token. The request is checked as `generate` checks it."""
+        no_decoding = SamplingConfig(end_id=-1, pad_id=0)  # the prompt only: no end or pad id to check
+        request = self.check_request(batch_input_ids, prompt_table, prompt_tasks, task_vocab_size, 1, no_decoding)
+        if len(request.ids) != 1:
+            raise ValueError(f"prefill_stages takes one request, got {len(request.ids)}")
+        ids = request.ids[0].to(self.device)
+        table = None if request.table is None else request.table.to(self.device)
+        stages = {"input_embeds": self._embed(ids, table, request, 0)}  # [L, H]
+        self.turn.begin()
+        try:
+            logits = self.engine.prefill(
+                stages["input_embeds"],
+                [len(ids)],
+                [range(0, 1)],
+                observe=lambda i, x: stages.__setitem__(f"layers.{i}", x.clone()),
+            )  # [1, V]
+        finally:
+            self.turn.end()
+        stages["logits"] = logits[0]
+        return stages
+
     def _embed(self, ids, table, request, r: int) -> torch.Tensor:
         """Embeddings [L, H] of request r: vocabulary rows, and the prompt-table rows its fake ids read."""
         if table is None:

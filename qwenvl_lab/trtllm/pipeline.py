@@ -23,8 +23,10 @@ import sys
 from pathlib import Path
 
 from .. import chat, files
+from ..answer_stages import record_answer
 from ..checks.tensors import dtype_name, to_torch_dtype
 from ..checks.values import check_path
+from ..dump import DumpRecorder, check_dump_target, versions
 from ..files import field, read_json
 from ..limits import BuildConfig
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
@@ -160,6 +162,23 @@ def answer_question(runner, visual_encoder, tokenizer, image, question: str, max
     return chat.ask(runner, visual_encoder, tokenizer, [image], question, max_new_tokens=max_new_tokens)[0]
 
 
+def dumped_answer(runner, plan, tokenizer, image, question: str, max_new_tokens: int, dump) -> str:
+    """answer_question's answer, every stage the TensorRT path exposes recorded in the dump `dump` (written at the
+    end): pixels, input_vit from the vision plan, prompt ids, img_pos, fake ids, the table and the generated ids.
+    ModelRunnerCpp returns no embeddings, layers or logits (they would need gather flags at build time)."""
+    trt_version = versions().get("tensorrt_llm", "unknown")
+    recorder = DumpRecorder(
+        f"TensorRT-LLM {trt_version} ModelRunnerCpp, vision plan {Path(plan).name}",
+        runner.dtype,
+        "cuda",
+        runner.vocab_size,
+        notes={"question": question, "pictures": Path(image).name, "vision": f"TensorRT plan {Path(plan).name}"},
+    )
+    new = record_answer(recorder, runner, TRTVisualEncoder(plan), tokenizer, [image], question, None, max_new_tokens)
+    recorder.save(dump, overwrite=True)  # its target was checked before the build (check_dump_target)
+    return chat.answer_text(tokenizer, new)
+
+
 def checkpoint_mapping(workdir) -> tuple[int, int]:
     """(tp_size, pp_size) of the TensorRT-LLM checkpoint the prepare stage wrote in `workdir`."""
     config_file = Path(workdir) / CHECKPOINT_DIR / "config.json"
@@ -204,11 +223,13 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
     strongly_typed: bool = False,
     world=None,
     log=print,
+    dump=None,
 ) -> str | None:
     """The GPU steps: vision plan, engine build (the saved command), answer; needs tensorrt, tensorrt_llm, a GPU.
 
     Under MPI, rank 0 builds while the other ranks wait; every rank loads its rank engine; rank 0 returns the
-    answer and the other ranks None (TensorRT-LLM gives outputs on rank 0 only).
+    answer and the other ranks None (TensorRT-LLM gives outputs on rank 0 only). `dump`: a file where rank 0 records
+    the answer's stages (`dumped_answer`), for `qwenvl-lab diff`.
     """
     workdir = Path(workdir)
     if not (workdir / COMMAND_FILE).is_file():
@@ -238,7 +259,11 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
     if world.rank != 0:  # TensorRT-LLM's executor hands this rank rank 0's requests, prompt tables included
         log(f"[rank {world.rank}] rank{world.rank}.engine loaded; the answer comes out on rank 0")
         return None
-    answer = answer_question(runner, TRTVisualEncoder(plan), tokenizer, image, question, max_new_tokens)
+    if dump is None:
+        answer = answer_question(runner, TRTVisualEncoder(plan), tokenizer, image, question, max_new_tokens)
+    else:
+        answer = dumped_answer(runner, plan, tokenizer, image, question, max_new_tokens, dump)
+        log(f"[dump] every stage of the answer → {dump}")
     log(f"[answer, GPU]\nQ: {question}\nA: {answer}")
     if (workdir / REFERENCE_FILE).is_file():
         ref = json.loads((workdir / REFERENCE_FILE).read_text())
@@ -270,6 +295,11 @@ def main(argv=None) -> int:
         "float32 graph built with TensorRT's FP16 flag (docs/tensorrt.md)",
     )
     parser.add_argument(
+        "--dump",
+        help="GPU stage: record the answer's stages in this per-stage dump (qwenvl-lab diff compares it)",
+    )
+    parser.add_argument("--overwrite-dump", action="store_true", help="replace a dump written earlier at --dump")
+    parser.add_argument(
         "--reference",
         action="store_true",
         help="prepare stage: also save our PyTorch model's answer (slow on CPU for the full model)",
@@ -279,6 +309,13 @@ def main(argv=None) -> int:
         parser.error(f"image not found: {args.image!r}")
     if not Path(args.checkpoint).is_dir():
         parser.error(f"checkpoint directory not found: {args.checkpoint!r} (a Qwen-VL checkpoint: data/toy-qwen-vl?)")
+    if args.dump is not None:
+        if args.stage == "prepare":
+            parser.error("--dump records the GPU stage's answer: use it with --stage gpu or all")
+        try:
+            check_dump_target(args.dump, args.overwrite_dump)
+        except (OSError, ValueError) as err:
+            parser.error(f"--dump {' '.join(str(err).split())}")
     if args.stage != "gpu" and launcher_world_size() > 1:
         print(
             f"error: --stage {args.stage} runs once, in one process: run --stage prepare without mpirun, then the "
@@ -306,6 +343,7 @@ def main(argv=None) -> int:
                 args.max_new_tokens,
                 tp_size=args.tp_size,
                 strongly_typed=args.strongly_typed,
+                dump=args.dump,
             )
     except GPUStackError as err:
         print(f"stopped: {err}", file=sys.stderr)

@@ -83,6 +83,7 @@ def _load() -> None:
     for module in NOTEBOOK_MODULES:
         importlib.import_module(f".{module}", __name__)
     importlib.import_module(".kv_cache_reuse", __name__)  # notebook 08's KV-cache reuse section (08.9)
+    importlib.import_module(".which_stage", __name__)  # notebook 08's section on qwenvl-lab diff (08.11, 08.12)
 
 
 def check(key: str, answer) -> Result:
