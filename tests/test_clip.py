@@ -1,4 +1,4 @@
-"""transformers' CLIP as notebook 07 measures it: the same random model from a seed, two towers that never see each
+"""transformers' CLIP as notebook 13 measures it: the same random model from a seed, two towers that never see each
 other's input, logits that are the scaled cosine of the separate projections."""
 
 import torch

@@ -258,7 +258,6 @@ def test_a_reset_of_an_untouched_copy_makes_no_backup_though_the_copy_differs_fr
 
 
 QUESTION = "**Predict, then run.**"
-REWRITTEN_ELSEWHERE = {"07", "08", "09"}  # the deep dives the other rewrite of issue #40 tags (item 4)
 
 
 def prediction_groups(cells):
@@ -275,8 +274,6 @@ def prediction_groups(cells):
 def test_every_prediction_is_tagged_and_its_answer_is_hidden_in_the_copy(n):
     """A question's cells are tagged `predict` and the explanation after them `answer`; in the learner's copy they show
     no output and the explanation is collapsed; no widget shows as text."""
-    if n.number in REWRITTEN_ELSEWHERE:
-        pytest.skip("tagged by the deep dives' rewrite")
     path = REPO / "notebooks" / n.file
     course = json.loads(path.read_text())["cells"]
     tagged = [c for c in course if lab.PREDICT_TAG in c["metadata"].get("tags", [])]

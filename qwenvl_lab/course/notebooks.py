@@ -62,15 +62,16 @@ NOTEBOOKS = (
     ),
     Notebook(
         "07", "07_performance", "Performance", False,
-        "eager against the engine on your machine, the committed GPU run, the bandwidth limit", 35, 40,
+        "eager against the engine on your machine, the committed GPU run, the bandwidth limit", 35, 15,
     ),
     Notebook(
         "08", "08_troubleshooting", "Troubleshooting", False,
-        "the errors users of Qwen-VL on TensorRT-LLM meet, reproduced and explained", 75, 65,
+        "the errors users of Qwen-VL on TensorRT-LLM meet, reproduced and explained; KV-cache reuse and the wrong picture",
+        95, 20,
     ),
     Notebook(
         "09", "09_the_visual_vocabulary_today", "The visual vocabulary today", False,
-        "the same picture through today's engines' placeholder ids, bit for bit; TensorRT-LLM in 2026", 90, 40,
+        "the same picture through today's engines' placeholder ids, bit for bit; TensorRT-LLM in 2026", 90, 10,
     ),
     Notebook(
         "10", "10_batching_in_the_two_runtimes", "Batching in the two runtimes", False,
@@ -86,7 +87,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "13", "13_the_articles_claims", "The articles' claims", False,
-        "every claim of the two articles with its evidence and verdict; the measured ones measured", 55, 85,
+        "every claim of the two articles with its evidence and verdict; the measured ones measured", 55, 30,
     ),
 )  # fmt: skip
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}

@@ -82,7 +82,6 @@ def exercise(key: str, question: str):
 def _load() -> None:
     for module in NOTEBOOK_MODULES:
         importlib.import_module(f".{module}", __name__)
-    importlib.import_module(".kv_cache_reuse", __name__)  # notebook 08's KV-cache reuse section (08.9)
     importlib.import_module(".which_stage", __name__)  # notebook 08's section on qwenvl-lab diff (08.11, 08.12)
 
 

@@ -1,12 +1,19 @@
 """Exercises of notebook 08 (troubleshooting): the executor's table row, a tensor-parallel rank's empty table, extra
-ids for KV-cache reuse; and its self-check."""
+ids for KV-cache reuse run for real on the engine; and its self-check."""
+
+import functools
 
 import torch
 
+from ...chat import engine_inputs
+from ...engine import ModelRunner
+from ...fake_ids import fake_id_runs
 from ...limits import BuildConfig
 from ...modeling import QWenVLConfig
-from ...tokenizing import IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE
-from . import exercise
+from ...resources import images_dir
+from ...tokenizing import IM_END_ID, IMG_TOKEN_SPAN, MODEL_VOCAB_SIZE, load_tokenizer
+from ...toy import TOY_DIR, load_course_model
+from . import exercise, int_list
 from .nb03 import NOT_ATTEMPTED, whole_number
 from .selfcheck import Question, right, wrong
 
@@ -93,6 +100,118 @@ def text_only_inputs(function):
     return None
 
 
+# 08.3: the calls the check sends through the engine, one batch each, in order: a second picture with the same ids,
+# then the first one again beside a third
+QUESTION = "What is in the picture?"
+BLOCK = 16  # ids a block: the system turn before the picture fills one, shared by every request
+CALLS = (("red_circle.png",), ("blue_square.png",), ("red_circle.png", "yellow_circle.png"))
+
+
+@functools.lru_cache(maxsize=1)
+def _lab():
+    """(runner with block reuse keyed by ids and extra ids, tokenizer, each call's inputs, the answers without
+    reuse): the shipped toy model, built once."""
+    model = load_course_model(TOY_DIR)
+    build = BuildConfig(max_batch_size=2, max_input_len=320, max_seq_len=352, max_prompt_embedding_table_size=512)
+    runner = ModelRunner.from_model(model, build, kv_cache_reuse=True, kv_cache_key="ids", kv_block_size=BLOCK)
+    vision, tokenizer = model.transformer.visual, load_tokenizer()
+    inputs = [
+        engine_inputs(runner, vision, tokenizer, [([images_dir() / name], QUESTION) for name in names])
+        for names in CALLS
+    ]
+    runner.kv_cache_reuse = False
+    expected = [_answers(runner, tokenizer, call) for call in inputs]
+    runner.kv_cache_reuse = True
+    return runner, tokenizer, inputs, expected
+
+
+def _answers(runner, tokenizer, inputs, extra_ids=None) -> list[str]:
+    """Each request's greedy answer (16 new tokens at most)."""
+    out = runner.generate(
+        **inputs._asdict(),
+        max_new_tokens=16,
+        end_id=IM_END_ID,
+        pad_id=IM_END_ID,
+        return_dict=True,
+        input_token_extra_ids=extra_ids,
+    )
+    answers = []
+    for r, ids in enumerate(inputs.batch_input_ids):
+        new = out["output_ids"][r, 0, len(ids) : int(out["sequence_lengths"][r, 0])].tolist()
+        answers.append(tokenizer.decode([i for i in new if i != IM_END_ID]))
+    return answers
+
+
+def _extra_ids_of(function, batch, pictures):
+    """The learner's extra ids for requests `batch` (lists of ids) showing `pictures` (names per request), as lists
+    of ints; a hint (str); or None for a stub."""
+    result = _call(function, [list(r) for r in batch], V, [list(p) for p in pictures])
+    if result is None:
+        return None
+    try:
+        rows = [int_list(r) for r in result]
+    except TypeError:
+        rows = [None]
+    if any(r is None for r in rows):
+        return "return one list of ints per request"
+    if len(rows) != len(batch) or any(len(r) != len(ids) for r, ids in zip(rows, batch)):
+        return "give one extra id per input id, for every request"
+    if any(x < 0 or x >= 2**64 for r in rows for x in r):
+        return "extra ids are unsigned 64-bit ints: 0 and above"
+    return rows
+
+
+def _served_another_picture(name, answer, other, extra):
+    """The hint for a request about `name` answered about `other`, its extra ids being `extra`."""
+    whose = f", the answer about {other}" if other else ""
+    why = (
+        " — 0, what text ids carry: a fake id's extra id must be > 0"
+        if not any(extra)
+        else " — the cache keeps blocks from call to call, so a picture's extra id must tell it from every picture "
+        "sent before, not only from those of the same call"
+    )
+    return (
+        f"{name} was answered {answer!r}{whose}: the cache served it another picture's keys and values, because the "
+        f"two pictures' fake ids (the same ids) carried the same extra ids{why}"
+    )
+
+
+def _run_on_the_engine(function):
+    """The three calls through the engine with the learner's extra ids: (None when every answer is the one without
+    reuse and what repeats is reused, else a hint or NOT_ATTEMPTED; each call's (ids, pictures, extra ids))."""
+    runner, tokenizer, inputs, expected = _lab()
+    runner.kv_pool.clear()
+    by_picture = {names[r]: answers[r] for names, answers in zip(CALLS, expected) for r in range(len(names))}
+    sent = []
+    for call, (names, call_inputs, right_answers) in enumerate(zip(CALLS, inputs, expected)):
+        batch, pictures = [ids.tolist() for ids in call_inputs.batch_input_ids], [[name] for name in names]
+        extra = _extra_ids_of(function, batch, pictures)
+        if extra is None:
+            return NOT_ATTEMPTED, sent
+        if isinstance(extra, str):
+            return extra, sent
+        sent.append((batch, pictures, extra))
+        got = _answers(runner, tokenizer, call_inputs, extra)
+        reused = runner.last_prefill.reused_ids
+        for r, (name, answer) in enumerate(zip(names, got)):
+            picture_start, picture_end = fake_id_runs(batch[r], V)[0]
+            if answer != right_answers[r]:
+                other = next((p for p, a in by_picture.items() if a == answer and p != name), None)
+                return _served_another_picture(name, answer, other, extra[r][picture_start:picture_end]), sent
+            if call == 1 and reused[r] < picture_start // BLOCK * BLOCK:
+                return (
+                    f"{name}: the text before its picture, the same in every request, was not reused from the call "
+                    "before: text ids keep extra id 0, whatever picture follows"
+                ), sent
+            if call == 2 and name == CALLS[0][0] and reused[r] < picture_end // BLOCK * BLOCK:
+                return (
+                    f"{name} came back in the third call, but its picture's blocks were not reused: the same picture "
+                    "must carry the same extra ids every time it comes (ids that change from call to call or from "
+                    "request to request give right answers, and never reuse the picture)"
+                ), sent
+    return None, sent
+
+
 def _extra_ids_cases():
     """(batch_input_ids, pictures) cases: requests with fake ids from V (per request) and each picture's name."""
     text = [151644, 872, 198]  # <|im_start|>user\n
@@ -111,23 +230,12 @@ def _extra_ids_cases():
     )
 
 
-@exercise("08.3", "input_token_extra_ids for KV-cache reuse with prompt tables")
-def extra_ids(function):
-    """function(batch_input_ids, vocab_size, pictures) -> one list of extra ids per request: 0 for every text id; for a
-    picture's fake ids an id > 0, the same wherever the same picture appears, different for different pictures."""
-    if not callable(function):
-        return "give a function (batch_input_ids, vocab_size, pictures) -> a list of extra ids per request"
-    for batch, pictures in _extra_ids_cases():
-        result = _call(function, [list(r) for r in batch], V, [list(p) for p in pictures])
-        if result is None:
-            return NOT_ATTEMPTED
-        try:
-            result = [[int(x) for x in r] for r in result]
-        except (TypeError, ValueError):
-            return "return one list of ints per request"
-        if [len(r) for r in result] != [len(r) for r in batch]:
-            return "give one extra id per input id, for every request"
-        given = {}  # picture → the extra id its fake ids carry
+def _rule_broken(sent) -> str | None:
+    """The guide's rule over requests `sent`, (ids, pictures, extra ids) per batch, taken together: 0 for every text
+    id; for a picture's fake ids (span k of a request: its k-th picture) an id > 0, the same wherever the same picture
+    appears, different for different pictures. A hint, or None."""
+    given = {}  # picture → the extra ids its fake ids carry
+    for batch, pictures, result in sent:
         for ids, extras, names in zip(batch, result, pictures):
             for token, extra in zip(ids, extras):
                 if token < V and extra != 0:
@@ -135,13 +243,40 @@ def extra_ids(function):
                 if token >= V:
                     if extra <= 0:
                         return "a fake id's extra id must be > 0: 0 is what text ids carry"
-                    name = names[(token - V) // IMG_TOKEN_SPAN]
-                    given.setdefault(name, set()).add(extra)
-        if any(len(extras) > 1 for extras in given.values()):
-            return "the same picture must carry the same extra id everywhere, or the cache can never be reused for it"
-        firsts = [next(iter(extras)) for extras in given.values()]
-        if len(set(firsts)) != len(firsts):
-            return "two different pictures share an extra id: the cache would give one the other's keys and values"
+                    given.setdefault(names[(token - V) // IMG_TOKEN_SPAN], set()).add(extra)
+    if any(len(extras) > 1 for extras in given.values()):
+        return (
+            "the same picture must carry the same extra id everywhere (in a request of two pictures, each picture's "
+            "span its own), or the cache can never be reused for it"
+        )
+    firsts = [next(iter(extras)) for extras in given.values()]
+    if len(set(firsts)) != len(firsts):
+        return "two different pictures share an extra id: the cache would give one the other's keys and values"
+    return None
+
+
+@exercise("08.3", "input_token_extra_ids run for real: the engine's block reuse keyed by ids and extra ids")
+def extra_ids(function):
+    """function(batch_input_ids, vocab_size, pictures) -> one list of extra ids per request. The check runs three
+    calls through the toy engine with block reuse keyed as TensorRT-LLM keys blocks — red, then blue (the same ids),
+    then red again beside yellow — and passes when every answer is the one without reuse, the text before the picture
+    is reused across pictures and red's picture is reused when it comes back, and the guide's rule holds on those calls
+    and, without the engine, on requests of two pictures and pictures whose names look alike."""
+    if not callable(function):
+        return "give a function (batch_input_ids, vocab_size, pictures) -> a list of extra ids per request"
+    hint, sent = _run_on_the_engine(function)
+    if hint is not None:
+        return hint
+    if hint := _rule_broken(sent):
+        return hint
+    for batch, pictures in _extra_ids_cases():
+        result = _extra_ids_of(function, batch, pictures)
+        if result is None:
+            return NOT_ATTEMPTED
+        if isinstance(result, str):
+            return result
+        if hint := _rule_broken([(batch, pictures, result)]):
+            return hint
     return None
 
 
