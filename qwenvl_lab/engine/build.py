@@ -29,7 +29,13 @@ from ..checks.values import check_model_limits, is_int
 from ..files import CheckpointError, field, put_in_place, read_json, sibling_name
 from ..limits import BuildConfig
 from ..tokenizing import VOCAB_FILE_NAME
-from ..unified_checkpoint import convert_to_trtllm_checkpoint, read_trtllm_config, trtllm_config
+from ..unified_checkpoint import (
+    convert_to_trtllm_checkpoint,
+    is_quantized,
+    read_trtllm_config,
+    scale_name,
+    trtllm_config,
+)
 from ..vision import VisionTransformer
 
 ENGINE_VERSION = "qwenvl-lab-engine/2"
@@ -66,7 +72,8 @@ def package_version() -> str:
 
 
 def expected_weights(pretrained_config: dict) -> dict[str, tuple[int, ...]]:
-    """The engine's LM weights, by TensorRT-LLM name, with their shapes."""
+    """The engine's LM weights, by TensorRT-LLM name, with their shapes (a weight-only engine: each quantized matrix's
+    per_channel_scale too)."""
     hidden, vocab = pretrained_config["hidden_size"], pretrained_config["vocab_size"]
     proj = pretrained_config["num_attention_heads"] * pretrained_config["head_size"]
     ffn = pretrained_config["intermediate_size"] // 2  # Qwen v1 stores twice the MLP width
@@ -89,6 +96,8 @@ def expected_weights(pretrained_config: dict) -> dict[str, tuple[int, ...]]:
                 prefix + "mlp.proj.weight": (hidden, ffn),
             }
         )
+    if (pretrained_config.get("quantization") or {}).get("quant_algo") is not None:
+        shapes.update({scale_name(name): shape[:1] for name, shape in shapes.items() if is_quantized(name)})
     return shapes
 
 
@@ -267,7 +276,7 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
         raise TypeError(f"build_config must be a BuildConfig, got {type(build_config).__name__}")
     checkpoint_dir, engine_dir = Path(checkpoint_dir), Path(output_dir)
     hf_config = load_config(checkpoint_dir)
-    pretrained = trtllm_config(hf_config, build_config.dtype)
+    pretrained = trtllm_config(hf_config, build_config.dtype, weight_only=build_config.weight_only)
     check_model_limits(build_config, pretrained["max_position_embeddings"], pretrained["seq_length"])
     target = _engine_path(engine_dir)
     _check_target(checkpoint_dir, engine_dir, target, overwrite)
@@ -298,7 +307,7 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
 def _build_into(staging: Path, checkpoint_dir: Path, target: Path, hf_config, pretrained, build_config) -> None:
     """Write the engine into `staging`, then put it in `target`'s place (an earlier engine there removed)."""
     try:
-        convert_to_trtllm_checkpoint(checkpoint_dir, staging / LLM_DIR, build_config.dtype)
+        convert_to_trtllm_checkpoint(checkpoint_dir, staging / LLM_DIR, build_config.dtype, 1, build_config.weight_only)
         tower = load_visual_tower(checkpoint_dir, build_config.torch_dtype)
         (staging / VISION_DIR).mkdir()
         save_file(

@@ -10,7 +10,7 @@ from ..layout import to_trtllm_names
 from ..limits import BuildConfig
 from ..prompt_table import lookup
 from ..requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, ends_with_stop_word
-from ..unified_checkpoint import trtllm_config
+from ..unified_checkpoint import trtllm_config, weight_only_quantize
 from .beam_search import BeamSearch
 from .build import TUNING_FILE, load_engine_config, load_engine_weights
 from .cuda_graphs import DecodeGraphs, kv_bucket
@@ -47,7 +47,7 @@ class ModelRunner(Runner):
         self.max_request_rows = self.max_prompt_embedding_table_size  # one request may fill the table (run.py's way)
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
-        step_class = backend_class(backend, device, self.dtype, cuda_graphs)  # refused if it cannot run here
+        step_class = backend_class(backend, device, self.dtype, cuda_graphs, build_config.weight_only)  # or refused
         self.backend, self.cuda_graphs = backend, cuda_graphs
         self.engine = LanguageModelEngine(build_config, pretrained_config, weights, device, step_class.layout)
         self.decode_step = step_class(self.engine, tuning_file)  # step(ids [n], pos [n], kv_len) -> logits [n, V]
@@ -94,13 +94,19 @@ class ModelRunner(Runner):
         cuda_graphs: bool = False,
         tuning_file=None,
     ) -> "ModelRunner":
-        """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size)."""
+        """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size); a
+        weight-only build config quantizes the model's layer matrices (from their values in the engine dtype)."""
         device = next(model.parameters()).device if device is None else device
-        pretrained = trtllm_config(model.config, build_config.dtype)
+        pretrained = trtllm_config(model.config, build_config.dtype, weight_only=build_config.weight_only)
+        weights = to_trtllm_names(model.state_dict())
+        if build_config.weight_only is not None:
+            weights = weight_only_quantize(
+                {name: w.to(build_config.torch_dtype) for name, w in weights.items()}, build_config.dtype
+            )
         return cls(
             build_config,
             pretrained,
-            to_trtllm_names(model.state_dict()),
+            weights,
             device,
             backend,
             cuda_graphs,
@@ -131,7 +137,8 @@ class ModelRunner(Runner):
             f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
             f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
             f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
-            f"backend={self.backend!r}, cuda_graphs={self.cuda_graphs})"
+            + (f"weight_only={b.weight_only!r}, " if b.weight_only is not None else "")
+            + f"backend={self.backend!r}, cuda_graphs={self.cuda_graphs})"
         )
 
     @torch.inference_mode()
