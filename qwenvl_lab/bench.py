@@ -843,16 +843,33 @@ def format_table(report: dict) -> str:
         f"engine: decode back end {report['settings']['backend']!r}, CUDA graphs "
         f"{'on' if report['settings']['cuda_graphs'] else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
         f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
-        f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
+        f"{'method':<11} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
         f"{'x batch 1':>9} {'same tokens':>11}",
     ]
     for r in report["results"]:
         speedup = f"{r['throughput_vs_batch1']:.2f}" if "throughput_vs_batch1" in r else ""
         same = f"{r['same_tokens_as_eager']}/{r['batch']}" if "same_tokens_as_eager" in r else ""
         lines.append(
-            f"{r['method']:<7} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
+            f"{r['method']:<11} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
             f"{r['pct_of_limit']:>10.1f}% {r['peak_mem_mb']:>9.1f} {speedup:>9} {same:>11}"
         )
+    wo = report.get("weight_only")
+    if wo is not None:
+        d = wo["drift"]
+        lines += [
+            f"weight-only {wo['precision']}: {wo['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step "
+            f"({wo['weight_bytes_vs_float']:.2f}× the float engine's) -> limit {wo['limit_decode_steps_per_s']:.1f} "
+            f"steps/s ({wo['limit_vs_float']:.2f}× the float limit); products alone {wo['products_alone']['ms']:.2f} ms "
+            f"= {wo['products_alone']['pct_of_limit']:.1f} % of its limit",
+            "decode speed ÷ the float engine's: "
+            + ", ".join(
+                f"batch {r['batch']} {r['vs_float_engine']:.2f}×" for r in report["results"] if "vs_float_engine" in r
+            ),
+            f"drift from the float engine ({d['requests']} requests, {d['decode_steps']} decode steps fed the same "
+            f"tokens): residual stream after each layer {', '.join(f'{x:.2e}' for x in d['layers_rel_l2'])} "
+            f"(relative L2); last step's logits {d['last_step_logits']['rel_l2']:.2e} relative L2, at most "
+            f"{d['last_step_logits']['max_abs']:.3g} apart; same top token {d['same_top_all_steps']:.0%} of the steps",
+        ]
     for label, times in report.get("first_answer_s", {}).items():
         lines.append(
             f"first answer ({label}): engine ready in {times['load_s']:.2f} s, then answered in "
