@@ -161,12 +161,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def engine_bytes(engine_dir: Path) -> dict:
+    """Bytes of an engine directory's files (the language model's weights file apart) and of the weights its runner
+    holds."""
+    files = {p.relative_to(engine_dir).as_posix(): p.stat().st_size for p in engine_dir.rglob("*") if p.is_file()}
+    return {"files": sum(files.values()), "llm/rank0.safetensors": files.get("llm/rank0.safetensors")}
+
+
 def report(model, tokenizer, args, precision: str) -> dict:
-    """The accuracies (with the table, with it zeroed, with no picture) and the sample answers, as printed and saved."""
+    """The accuracies (with the table, with it zeroed, with no picture) and the sample answers, as printed and saved
+    (with an engine, its files' bytes and the bytes of the weights it holds)."""
     examples = make_dataset(args.seed, args.n)
     real = evaluate(model, tokenizer, examples=examples)
     zero = evaluate(model, tokenizer, examples=examples, zero_table=True)
+    sizes = {}
+    if isinstance(model, QWenInfer):
+        sizes = {
+            "engine_bytes": {**engine_bytes(model.runner.engine_dir), "weights_held": model.runner.engine.stacked_bytes}
+        }
     return {
+        **sizes,
         "command": "python -m qwenvl_lab.toy.evaluate " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
         "precision": precision,
         "hardware": {**machine(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
