@@ -210,6 +210,7 @@ class ModelRunner(Runner):
             for r, ids in enumerate(requests):
                 seen[r, ids[ids < self.vocab_size]] = True
         rows = torch.arange(len(requests), device=self.device)
+        counts = None if stopping else torch.arange(1, max_new_tokens + 1, device=self.device)  # every row: t + 1
         for t in range(max_new_tokens):
             tokens = pick(logits, seen)  # [B]
             if stopping:  # rows that ended get pad_id
@@ -217,7 +218,7 @@ class ModelRunner(Runner):
                 generated += ~finished
                 finished |= tokens == end_id
             else:
-                generated += 1
+                generated = counts[t].expand(len(requests))  # a view: no kernel a step
             new_ids[:, t] = tokens
             if stop_words is not None:
                 finished |= self._ends_with_stop_word(new_ids[:, : t + 1], generated, stop_words)
