@@ -101,8 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--drift-steps",
         type=int,
-        default=32,
-        help="with --weight-only: decode steps over which the logits' drift is measured (default 32)",
+        help="with --weight-only: decode steps over which the logits' drift is measured (default 32, at most "
+        "--new-tokens - 1)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -122,8 +122,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
-    if args.drift_steps < 1:
-        parser.error(f"--drift-steps must be >= 1, got {args.drift_steps}")
+    if args.drift_steps is None:
+        args.drift_steps = min(32, args.new_tokens - 1)
+    if not 1 <= args.drift_steps < args.new_tokens:
+        parser.error(f"--drift-steps must be >= 1 and below --new-tokens ({args.new_tokens}), got {args.drift_steps}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     try:

@@ -216,6 +216,7 @@ def test_the_tensorrt_llm_route_refuses_a_weight_only_build_config(tmp_path):
         (["--device", "cpu", "--backend", "numba", "--weight-only", "int8"], "--backend numba reads float32"),
         (["--weight-only", "int8", "--first-answer"], "--first-answer times the float engine alone"),
         (["--weight-only", "int8", "--drift-steps", "0"], "--drift-steps must be >= 1"),
+        (["--weight-only", "int8", "--new-tokens", "8", "--drift-steps", "8"], "below --new-tokens (8)"),
     ],
 )
 def test_bench_refuses_what_it_cannot_measure(argv, match, capsys):
