@@ -273,3 +273,22 @@ def test_evaluate_builds_the_engine_of_each_precision():
     config = evaluate.engine_config("bfloat16", "int8")
     assert (config.dtype, config.weight_only, config.max_batch_size) == ("bfloat16", "int8", evaluate.EVAL_BATCH)
     assert config.max_prompt_embedding_table_size == 256 * 2 * evaluate.EVAL_BATCH  # two pictures a question
+
+
+def test_evaluate_prints_and_saves_a_run_with_or_without_its_controls(tmp_path, monkeypatch, capsys):
+    """The report of a run (report() stands in: the printing and the JSON, not the 500 questions)."""
+    samples = [{"pictures": ["red_circle.png"], "question": "?", "trained": "A red circle.", "answer": "A red circle."}]
+    full = {
+        "accuracy": {"what/en": 1.0, "overall": 0.98},
+        "accuracy_table_zeroed": {"what/en": 0.0, "overall": 0.03},
+        "no_picture": {"none/en": 1.0},
+        "samples": samples,
+    }
+    for result, shown in ((full, "table zeroed"), ({"accuracy": full["accuracy"], "samples": samples}, None)):
+        monkeypatch.setattr(evaluate, "report", lambda *a, r=result: r)
+        monkeypatch.setattr(evaluate, "load_toy_model", lambda *a, **k: None)
+        out = tmp_path / "run.json"
+        assert evaluate.main(["--n", "2", "--json", str(out)]) == result
+        printed = capsys.readouterr().out
+        assert json.loads(out.read_text()) == result and "overall" in printed and "1 of 1 answers" in printed
+        assert (shown in printed) if shown else ("table zeroed" not in printed and "none/en" not in printed)

@@ -201,6 +201,25 @@ def report(model, tokenizer, args, precision: str) -> dict:
     }
 
 
+def summary(result: dict, args, precision: str) -> str:
+    """The report as printed: accuracy per question kind and language (and with the tables zeroed, and with no
+    picture, when those passes ran), and how many sample answers are the trained text."""
+    real, zero = result["accuracy"], result.get("accuracy_table_zeroed")
+    lines = [
+        f"held-out set: seed {args.seed}, {args.n} questions ('where': a box of IoU >= 0.5 with the shape's); "
+        f"{precision}",
+        f"{'question':<12}{'accuracy':>10}" + (f"{'table zeroed':>14}" if zero else ""),
+    ]
+    for key in [f"{k}/{lang}" for k in QUESTION_KINDS for lang in LANGS] + ["overall"]:
+        if key in real:
+            lines.append(f"{key:<12}{real[key]:>10.3f}" + (f"{zero[key]:>14.3f}" if zero else ""))
+    for key, value in result.get("no_picture", {}).items():
+        lines.append(f"{key:<12}{value:>10.3f}   the same questions with no picture: '{no_picture(key[-2:])}'")
+    exact = sum(s["answer"] == s["trained"] for s in result["samples"])
+    lines.append(f"sample pictures: {exact} of {len(result['samples'])} answers are the trained text to the letter")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     """Command line: print accuracy per question kind and language, with the prompt table and zeroed."""
     args = parse_args(argv)
@@ -224,21 +243,10 @@ def main(argv=None):
                 "float32 eager",
             )
         result = report(model, tokenizer, args, precision)
-    real, zero = result["accuracy"], result["accuracy_table_zeroed"]
-    print(
-        f"held-out set: seed {args.seed}, {args.n} questions ('where': a box of IoU >= 0.5 with the shape's); {precision}"
-    )
-    print(f"{'question':<12}{'accuracy':>10}{'table zeroed':>14}")
-    for key in [f"{k}/{lang}" for k in QUESTION_KINDS for lang in LANGS] + ["overall"]:
-        if key in real:
-            print(f"{key:<12}{real[key]:>10.3f}{zero[key]:>14.3f}")
-    for key, value in result["no_picture"].items():
-        print(f"{key:<12}{value:>10.3f}   the same questions with no picture: '{no_picture(key[-2:])}'")
-    exact = sum(s["answer"] == s["trained"] for s in result["samples"])
-    print(f"sample pictures: {exact} of {len(result['samples'])} answers are the trained text to the letter")
-    if args.json is not None:
+    if args.json is not None:  # written first: a long run's results are kept whatever the printing does
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    print(summary(result, args, precision))
     return result
 
 
