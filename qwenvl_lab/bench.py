@@ -14,7 +14,11 @@ the fastest single product, a peak that a run of steps does not sustain on a sha
 CPU peak memory is the resident set above what the process held before that side's weights were loaded; CUDA peak
 memory is allocated memory. The engine's decode step is also timed with its matrix products alone (batch 1, as the
 engine runs them, nothing between them, timed the same way): how close to the limit its design could get without
-its other work. `--kv-cache-reuse` measures instead what KV-cache block reuse gains where it is right (`reuse_gain`).
+its other work. `--weight-only int8` also builds the same model's weight-only INT8 engine (int8 layer matrices with
+one scale per output channel, as TensorRT-LLM's `--use_weight_only --weight_only_precision int8`) and measures it in
+the same run beside the float engine: speed, the limit of its own bytes, peak memory, time to first token, and how
+far its residual stream after each layer and its logits drift from the float engine's on the same prompts.
+`--kv-cache-reuse` measures instead what KV-cache block reuse gains where it is right (`reuse_gain`).
 """
 
 import argparse
@@ -23,7 +27,6 @@ import gc
 import importlib.util
 import json
 import os
-import platform
 import resource
 import shlex
 import statistics
@@ -31,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -41,14 +44,18 @@ from tqdm.auto import tqdm
 
 from . import files
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
-from .checks.tensors import to_torch_dtype
+from .checks.tensors import WEIGHT_ONLY, to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
-from .engine.cuda_graphs import KV_BUCKET
+from .engine.cuda_graphs import KV_BUCKET, kv_bucket
 from .engine.decode import BACKENDS, FAST_PATH
+from .engine.layers import matrix
+from .layout import to_trtllm_names
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
-from .resources import images_dir
+from .prompt_table import prompt_tuning_embedding
+from .resources import images_dir, machine
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy import TOY_DIR
+from .unified_checkpoint import trtllm_config, weight_only_quantize
 
 MODELS = ("toy", "tiny", "qwen-vl-chat")
 MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL's positions
@@ -91,6 +98,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         help="replay the engine's decode steps as CUDA graphs (default: on with --device cuda)",
     )
+    parser.add_argument(
+        "--weight-only",
+        choices=sorted(WEIGHT_ONLY),
+        help="also measure the weight-only engine of this precision beside the float one, in the same run (its "
+        "layer matrices in int8, one scale per output channel; activations and KV cache in --dtype), and its drift "
+        "from the float engine",
+    )
+    parser.add_argument(
+        "--drift-steps",
+        type=int,
+        help="with --weight-only: decode steps over which the logits' drift is measured (default 32, at most "
+        "--new-tokens - 1)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--first-answer",
@@ -129,6 +149,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--json {str(args.json)!r}: {err}")
     if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
         parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
+    if args.drift_steps is None:
+        args.drift_steps = min(32, args.new_tokens - 1)
+    if not 1 <= args.drift_steps < args.new_tokens:
+        parser.error(f"--drift-steps must be >= 1 and below --new-tokens ({args.new_tokens}), got {args.drift_steps}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.kv_cache_reuse and (args.integrity or args.first_answer):
@@ -153,7 +177,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model == "qwen-vl-chat" and args.checkpoint is None and device.type != "cuda":
         parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
     args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
-    args.backend = args.backend or FAST_PATH.get(device.type, "torch")  # the benchmark measures the fast path
+    if args.weight_only is not None and args.backend == "numba":
+        parser.error(f"--backend numba reads float32 weights only: leave it out with --weight-only {args.weight_only}")
+    if args.weight_only is not None and args.first_answer:
+        parser.error("--first-answer times the float engine alone: run it without --weight-only")
+    fast = FAST_PATH.get(device.type, "torch")
+    if args.weight_only is not None and fast == "numba":
+        fast = "torch"  # both engines on one back end: the CPU's fast path reads no int8
+    args.backend = args.backend or fast  # the benchmark measures the fast path
     args.cuda_graphs = device.type == "cuda" if args.cuda_graphs is None else args.cuda_graphs
     return args
 
@@ -295,19 +326,19 @@ def products_alone(runner, runs: int, length: int) -> float:
 
         def step():
             for layer in engine.layers:
-                linear(x, layer.qkv_t.t(), layer.qkv_b)
-                linear(attn, layer.dense_t.t(), out=residual)
-                linear(x, layer.gate_fc_t.t(), swiglu=True)
-                linear(mlp, layer.proj_t.t(), out=residual)
-            linear(x, engine.lm_head_t.t())
+                linear(x, layer.qkv_t.t(), layer.qkv_b, scale=layer.qkv_s)
+                linear(attn, layer.dense_t.t(), out=residual, scale=layer.dense_s)
+                linear(x, layer.gate_fc_t.t(), swiglu=True, scale=layer.gate_fc_s)
+                linear(mlp, layer.proj_t.t(), out=residual, scale=layer.proj_s)
+            linear(x, engine.lm_head_t.t(), dtype=torch.float32)
     else:
 
         def step():
             for layer in engine.layers:
-                torch.addmm(layer.qkv_b, x, layer.qkv_t)
-                torch.addmm(x, attn, layer.dense_t)
-                x @ layer.gate_fc_t
-                torch.addmm(x, mlp, layer.proj_t)
+                torch.addmm(layer.qkv_b, x, matrix(layer.qkv_t, layer.qkv_s, x.dtype))
+                torch.addmm(x, attn, matrix(layer.dense_t, layer.dense_s, x.dtype))
+                x @ matrix(layer.gate_fc_t, layer.gate_fc_s, x.dtype)
+                torch.addmm(x, mlp, matrix(layer.proj_t, layer.proj_s, x.dtype))
             x @ engine.lm_head_t
 
     with torch.inference_mode():
@@ -471,17 +502,11 @@ def measure(
 
 def hardware(device: torch.device) -> dict:
     """What ran the benchmark."""
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), platform.processor()
-    )
     info = {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
+        **machine(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "python": platform.python_version(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -606,6 +631,116 @@ def engine_limits(requests, args: argparse.Namespace) -> BuildConfig:
     )
 
 
+DRIFT_REQUESTS = 4  # --weight-only: the drift is measured on the first requests of the benchmark, at most this many
+
+
+@torch.inference_mode()
+def trace(runner, requests, table, steps: int, tokens=None) -> dict:
+    """The engine on `requests` (one picture each, python-session convention), driven step by step: the residual
+    stream at each request's last prompt id after every layer (float32 [layers, B, H]), the logits of the prefill and
+    of `steps` decode steps (float32 [steps + 1, B, V]), and the tokens fed ([steps, B]: `tokens` when given, else
+    the greedy ones), all on the CPU."""
+    engine, device = runner.engine, runner.device
+    ids = [r.to(device) for r in requests]
+    tasks = torch.zeros(1, dtype=torch.int32, device=device)
+    embeds = [
+        prompt_tuning_embedding(i[None], engine.vocab_embedding, table, tasks, IMG_TOKEN_SPAN, runner.vocab_size)[0]
+        for i in ids
+    ]
+    lengths = [len(i) for i in ids]
+    runner.turn.begin()  # the KV cache is this trace's until it ends
+    try:
+        states = []
+        last = torch.tensor(lengths).cumsum(0).to(engine.device) - 1  # [B]: each request's last id in the packed rows
+        logits = engine.prefill(
+            torch.cat(embeds),
+            lengths,
+            [range(r, r + 1) for r in range(len(ids))],
+            observe=lambda i, x: states.append(x[last]),  # the residual stream after each layer, at the last ids
+        )
+        pos = torch.tensor(lengths, device=device)
+        seen, fed = [logits.float().cpu()], []
+        for t in range(steps):
+            step_tokens = logits.argmax(dim=-1) if tokens is None else tokens[t].to(device)
+            fed.append(step_tokens.cpu())
+            logits = runner.decoder(step_tokens, pos, kv_bucket(max(lengths) + t + 1, runner.max_seq_len))
+            seen.append(logits.float().cpu())
+            pos += 1
+    finally:
+        runner.turn.end()
+    return {
+        "states": torch.stack([s.float().cpu() for s in states]),
+        "logits": torch.stack(seen),
+        "tokens": torch.stack(fed),
+    }
+
+
+def drift(reference: dict, other: dict) -> dict:
+    """How far `other`'s trace lies from `reference`'s (the same prompts and fed tokens): per layer, the residual
+    stream's relative L2 distance (‖other − reference‖ / ‖reference‖, the mean over the requests); per step, the
+    logits' relative L2 distance, their largest absolute difference, and the share of requests whose top token is the
+    reference's; those at the last step, and the share over all steps."""
+
+    def relative(a, b):  # [..., D] → [...]
+        return ((a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=1e-30)).double()
+
+    layers = relative(other["states"], reference["states"]).mean(dim=1)  # [layers]
+    steps = relative(other["logits"], reference["logits"]).mean(dim=1)  # [steps + 1]
+    max_abs = (other["logits"] - reference["logits"]).abs().amax(dim=(1, 2))  # [steps + 1]
+    same_top = (other["logits"].argmax(-1) == reference["logits"].argmax(-1)).double()  # [steps + 1, B]
+    return {
+        "requests": reference["states"].shape[1],
+        "decode_steps": reference["logits"].shape[0] - 1,
+        "layers_rel_l2": layers.tolist(),
+        "logits_rel_l2_by_step": steps.tolist(),
+        "prefill_logits": {
+            "rel_l2": float(steps[0]),
+            "max_abs": float(max_abs[0]),
+            "same_top": float(same_top[0].mean()),
+        },
+        "last_step_logits": {
+            "rel_l2": float(steps[-1]),
+            "max_abs": float(max_abs[-1]),
+            "same_top": float(same_top[-1].mean()),
+            "reference_abs_max": float(reference["logits"][-1].abs().max()),
+        },
+        "same_top_all_steps": float(same_top.mean()),
+    }
+
+
+def measure_engine(method: str, runner, requests, tables, args, device, baseline, results) -> None:
+    """The engine's rows of the results (method "engine" or "engine-int8"), one per batch size (tables' keys)."""
+    for b in sorted(tables):
+        result = measure(
+            lambda *a: engine_generate(runner, *a),
+            requests[:b],
+            tables[b],
+            args.new_tokens,
+            args.repeats,
+            device,
+            baseline,
+            label=f"{method}, batch {b}",
+        )
+        eager = next((r for r in results if r["method"] == "eager" and r["batch"] == b), None)
+        if eager is not None:
+            result["same_tokens_as_eager"] = int((result["tokens"] == eager["tokens"]).all(dim=1).sum())
+        results.append({"method": method, **result})
+
+
+def weight_only_runner(args, model_config, weights, build_config, checkpoint, workdir, device) -> ModelRunner:
+    """The weight-only engine: built into `workdir` from the checkpoint when there is one (as the float engine is),
+    else from the model's quantized weights (`weights`, on the CPU: copied to the device one at a time)."""
+    options = dict(device=device, backend=args.backend, cuda_graphs=args.cuda_graphs)
+    if checkpoint is not None:
+        return ModelRunner.from_dir(build_engine(checkpoint, workdir / "engine-int8", build_config), **options)
+    pretrained = trtllm_config(model_config, build_config.dtype, weight_only=build_config.weight_only)
+    runner = ModelRunner(build_config, pretrained, weights, **options)
+    weights.clear()  # the engine holds its own copy
+    if args.backend != "torch" or args.cuda_graphs:
+        runner.warm_up(progress=False)
+    return runner
+
+
 def measure_all(
     args: argparse.Namespace, device: torch.device, dtype: torch.dtype, baseline: int, workdir: Path
 ) -> dict:
@@ -638,6 +773,12 @@ def measure_all(
                         ),
                     }
                 )
+    model_config, quantized = model.config, None
+    if args.weight_only is not None and checkpoint is None:  # the random weights exist only in this model: keep theirs
+        with torch.inference_mode():
+            state = {name: w.to(dtype) for name, w in to_trtllm_names(model.state_dict()).items()}
+            quantized = {name: w.cpu() for name, w in weight_only_quantize(state, args.dtype).items()}
+            del state
     runner_options = dict(device=device, backend=args.backend, cuda_graphs=args.cuda_graphs)
     if checkpoint is not None:
         engine_dir = build_engine(checkpoint, workdir / "engine", build_config)
@@ -650,35 +791,61 @@ def measure_all(
         del model  # the engine keeps the weights it shares with the model; its peak counts from the start
         release_memory(device)
     probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), args.repeats, steps))
-    for b in batches:
-        result = measure(
-            lambda *a: engine_generate(runner, *a),
-            requests[:b],
-            tables[b],
-            args.new_tokens,
-            args.repeats,
-            device,
-            baseline,
-            label=f"engine, batch {b}",
-        )
-        eager = next((r for r in results if r["method"] == "eager" and r["batch"] == b), None)
-        if eager is not None:
-            result["same_tokens_as_eager"] = int((result["tokens"] == eager["tokens"]).all(dim=1).sum())
-        results.append({"method": "engine", **result})
-    products = products_alone(runner, args.repeats, steps)
+    measure_engine("engine", runner, requests, tables, args, device, baseline, results)
+    products = {"engine": products_alone(runner, args.repeats, steps)}
     probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), args.repeats, steps))
+    weight_bytes = {"engine": runner.engine.weight_bytes_per_token}  # the same tensors eager reads, in the same dtype
+    held = {"engine": runner.engine.stacked_bytes}
+    weight_only = None
+    if args.weight_only is not None:
+        drift_requests = requests[: min(DRIFT_REQUESTS, max(batches))]
+        drift_table = tables[max(batches)]
+        reference = trace(runner, drift_requests, drift_table, args.drift_steps)
+        del runner
+        release_memory(device)
+        baseline = memory_in_use(device)  # the weight-only engine's peak counts from here, its weights included
+        int8_config = replace(build_config, weight_only=args.weight_only)
+        runner = weight_only_runner(args, model_config, quantized, int8_config, checkpoint, workdir, device)
+        measure_engine("engine-int8", runner, requests, tables, args, device, baseline, results)
+        products["engine-int8"] = products_alone(runner, args.repeats, steps)
+        probes.append(bandwidth_probe(runner.engine.lm_head_t.t(), args.repeats, steps))
+        weight_bytes["engine-int8"] = runner.engine.weight_bytes_per_token
+        held["engine-int8"] = runner.engine.stacked_bytes
+        other = trace(runner, drift_requests, drift_table, args.drift_steps, tokens=reference["tokens"])
+        weight_only = {"precision": args.weight_only, "drift": drift(reference, other)}
     probe = max(probes, key=lambda p: p["gb_per_s"])
-    weight_bytes = runner.engine.weight_bytes_per_token  # the same tensors eager reads, in the same dtype
-    limit = probe["gb_per_s"] * 1e9 / weight_bytes  # decode steps per second the bandwidth allows
+    limits = {method: probe["gb_per_s"] * 1e9 / b for method, b in weight_bytes.items()}  # decode steps/s allowed
     peak = max(p["peak_gb_per_s"] for p in probes)  # the fastest single product: reported, not the judge
-    one = next((r for r in results if r["method"] == "engine" and r["batch"] == 1), None)
+    first = {
+        m: next((r for r in results if r["method"] == m and r["batch"] == 1), None) for m in ("engine", "engine-int8")
+    }
     for r in results:
         r.pop("tokens")
-        r["pct_of_limit"] = 100 * r["decode_steps_per_s"] / limit
-        r["pct_of_peak_limit"] = 100 * r["decode_steps_per_s"] * weight_bytes / (peak * 1e9)
-        if one is not None and r["method"] == "engine":
+        bytes_read = weight_bytes.get(r["method"], weight_bytes["engine"])  # eager reads the float weights
+        r["pct_of_limit"] = 100 * r["decode_steps_per_s"] * bytes_read / (probe["gb_per_s"] * 1e9)
+        r["pct_of_peak_limit"] = 100 * r["decode_steps_per_s"] * bytes_read / (peak * 1e9)
+        one = first.get(r["method"])
+        if one is not None:
             r["throughput_vs_batch1"] = r["decode_tokens_per_s"] / one["decode_tokens_per_s"]
-    return {
+        if r["method"] == "engine-int8":
+            same = next(f for f in results if f["method"] == "engine" and f["batch"] == r["batch"])
+            r["vs_float_engine"] = r["decode_tokens_per_s"] / same["decode_tokens_per_s"]
+            r["ttft_vs_float_engine"] = r["ttft_ms"] / same["ttft_ms"]
+            r["peak_mem_vs_float_engine"] = r["peak_mem_mb"] / max(same["peak_mem_mb"], 1e-9)
+    if weight_only is not None:
+        weight_only.update(
+            weight_bytes_per_token=weight_bytes["engine-int8"],
+            weight_bytes_vs_float=weight_bytes["engine-int8"] / weight_bytes["engine"],
+            limit_decode_steps_per_s=limits["engine-int8"],
+            limit_vs_float=limits["engine-int8"] / limits["engine"],
+            weights_held_bytes=held,
+            products_alone={
+                "ms": products["engine-int8"] * 1e3,
+                "pct_of_limit": 100 / (products["engine-int8"] * limits["engine-int8"]),
+                "vs_float_engine": products["engine"] / products["engine-int8"],
+            },
+        )
+    report = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "hardware": hardware(device),
         "model": {
@@ -687,15 +854,18 @@ def measure_all(
             "layers": runner.pretrained_config["num_hidden_layers"],
             "vocab_size": runner.vocab_size,
             "dtype": args.dtype,
-            "weight_bytes_per_token": weight_bytes,
+            "weight_bytes_per_token": weight_bytes["engine"],
         },
         "bandwidth": {
             **probe,
-            "limit_decode_steps_per_s": limit,
+            "limit_decode_steps_per_s": limits["engine"],
             "peak_gb_per_s": peak,
             "probes_gb_per_s": [p["gb_per_s"] for p in probes],
-        },  # before eager, before and after the engine
-        "products_alone": {"ms": products * 1e3, "pct_of_limit": 100 / (products * limit)},
+        },  # before eager, before and after the engine (and after the weight-only engine)
+        "products_alone": {
+            "ms": products["engine"] * 1e3,
+            "pct_of_limit": 100 / (products["engine"] * limits["engine"]),
+        },
         "settings": {
             "device": str(device),
             "prompt_lengths": [len(ids) for ids in requests],
@@ -709,6 +879,9 @@ def measure_all(
         },
         "results": results,
     }
+    if weight_only is not None:
+        report["weight_only"] = weight_only
+    return report
 
 
 SYSTEM_IDS, HEADER_IDS, QUESTION_IDS = 20, 4, 12  # random text ids: the system turn, a user turn's start, a question
@@ -966,16 +1139,33 @@ def format_table(report: dict) -> str:
         f"engine: decode back end {report['settings']['backend']!r}, CUDA graphs "
         f"{'on' if report['settings']['cuda_graphs'] else 'off'}; prompts of {min(report['settings']['prompt_lengths'])}"
         f"-{max(report['settings']['prompt_lengths'])} ids, {report['settings']['new_tokens']} new tokens",
-        f"{'method':<7} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
+        f"{'method':<11} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'% of limit':>11} {'peak MB':>9} "
         f"{'x batch 1':>9} {'same tokens':>11}",
     ]
     for r in report["results"]:
         speedup = f"{r['throughput_vs_batch1']:.2f}" if "throughput_vs_batch1" in r else ""
         same = f"{r['same_tokens_as_eager']}/{r['batch']}" if "same_tokens_as_eager" in r else ""
         lines.append(
-            f"{r['method']:<7} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
+            f"{r['method']:<11} {r['batch']:>5} {r['ttft_ms']:>9.1f} {r['decode_tokens_per_s']:>13.1f} "
             f"{r['pct_of_limit']:>10.1f}% {r['peak_mem_mb']:>9.1f} {speedup:>9} {same:>11}"
         )
+    wo = report.get("weight_only")
+    if wo is not None:
+        d = wo["drift"]
+        lines += [
+            f"weight-only {wo['precision']}: {wo['weight_bytes_per_token'] / 1e6:.1f} MB of weights per step "
+            f"({wo['weight_bytes_vs_float']:.2f}× the float engine's) -> limit {wo['limit_decode_steps_per_s']:.1f} "
+            f"steps/s ({wo['limit_vs_float']:.2f}× the float limit); products alone {wo['products_alone']['ms']:.2f} ms "
+            f"= {wo['products_alone']['pct_of_limit']:.1f} % of its limit",
+            "decode speed ÷ the float engine's: "
+            + ", ".join(
+                f"batch {r['batch']} {r['vs_float_engine']:.2f}×" for r in report["results"] if "vs_float_engine" in r
+            ),
+            f"drift from the float engine ({d['requests']} requests, {d['decode_steps']} decode steps fed the same "
+            f"tokens): residual stream after each layer {', '.join(f'{x:.2e}' for x in d['layers_rel_l2'])} "
+            f"(relative L2); last step's logits {d['last_step_logits']['rel_l2']:.2e} relative L2, at most "
+            f"{d['last_step_logits']['max_abs']:.3g} apart; same top token {d['same_top_all_steps']:.0%} of the steps",
+        ]
     for label, times in report.get("first_answer_s", {}).items():
         lines.append(
             f"first answer ({label}): engine ready in {times['load_s']:.2f} s, then answered in "

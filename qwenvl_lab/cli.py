@@ -307,6 +307,12 @@ def build_main(argv=None) -> int:
     )
     parser.add_argument("--max-beam-width", type=count(1), default=1)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--weight-only",
+        choices=("int8",),
+        help="store the layers' matrices in int8 with one scale per output channel (TensorRT-LLM's --use_weight_only "
+        "--weight_only_precision int8); activations, KV cache, embedding and lm_head stay in --dtype",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an engine built earlier in --engine")
     args = parser.parse_args(argv)
     if not args.engine.strip():
@@ -328,6 +334,7 @@ def build_main(argv=None) -> int:
         max_seq_len=args.max_seq_len,
         max_beam_width=args.max_beam_width,
         dtype=args.dtype,
+        weight_only=args.weight_only,
         max_prompt_embedding_table_size=prompt_table_size(
             BuildConfig(max_batch_size=args.max_batch_size), args.images_per_request
         )

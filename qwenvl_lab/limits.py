@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks.tensors import dtype_name, to_torch_dtype
+from .checks.tensors import check_weight_only, dtype_name, to_torch_dtype
 from .checks.values import check_int
 from .files import size_text
 from .tokenizing import IMAGE_IDS, IMG_TOKEN_SPAN
@@ -31,12 +31,14 @@ class BuildConfig:
     max_prompt_embedding_table_size: int = 0
     dtype: str = "float32"
     max_beam_width: int = 1
+    weight_only: str | None = None
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_beam_width"):
             check_int(f"BuildConfig.{name}", getattr(self, name), 1)
         table = check_int("BuildConfig.max_prompt_embedding_table_size", self.max_prompt_embedding_table_size, 0)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        check_weight_only(self.weight_only)
         if self.max_input_len > self.max_seq_len:
             raise ValueError(
                 f"max_input_len {self.max_input_len} exceeds max_seq_len {self.max_seq_len}: max_seq_len counts the "

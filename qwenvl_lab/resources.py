@@ -6,6 +6,7 @@ at the repository's top level.
 """
 
 import os
+import platform
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -67,3 +68,12 @@ def output_dir() -> Path:
         raise NotADirectoryError(f"course outputs go to {folder}, which is a file; set {OUTPUT_ENV} to a folder")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def machine() -> dict:
+    """What this machine is, for results saved beside the data: the CPU's model name, its cores, Python's version."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), platform.processor()
+    )
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version()}

@@ -1,6 +1,9 @@
 """Notebook 05 — Qwen-VL-Chat's LM as a TensorRT-LLM unified checkpoint (config.json + rank{N}.safetensors), and back.
 
-The format `trtllm-build` reads, and the layout the package's own engine keeps its language model in.
+The format `trtllm-build` reads, and the layout the package's own engine keeps its language model in. Weight-only INT8
+(`convert_checkpoint.py --use_weight_only --weight_only_precision int8`, quant_algo "W8A16") follows TensorRT-LLM's
+rule: the layers' five matrices become int8 with one scale per output channel (`<name>.per_channel_scale`), the
+vocabulary embedding, `lm_head` and the norms stay in the checkpoint dtype, and activations stay in it too.
 """
 
 import json
@@ -12,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from . import files
 from .checkpoint import check_state_dict, iter_weights, load_config, load_visual_tower
-from .checks.tensors import DTYPES, cast_finite, to_torch_dtype
+from .checks.tensors import DTYPES, WEIGHT_ONLY, cast_finite, check_weight_only, to_torch_dtype
 from .checks.values import check_path, is_int
 from .files import CheckpointError, field, read_json
 from .layout import hf_name, is_visual, to_trtllm_names
@@ -34,6 +37,10 @@ SPLIT_DIM = {
 # the architecture upstream's converter writes for Qwen-VL-Chat (QWenConfig.from_hugging_face copies the HF config's
 # architectures[0]); TensorRT-LLM's MODEL_MAP maps it and the older "QWenForCausalLM" to the same QWenForCausalLM
 ARCHITECTURE = "QWenLMHeadModel"
+# the matrices weight-only quantization converts: every layer's qkv, dense, gate, fc and proj (ColumnLinear and
+# RowLinear); quantize_layers' default exclude_modules keeps '*lm_head' and '*vocab_embedding' in the dtype
+QUANTIZED = ("attention.qkv.weight", "attention.dense.weight", "mlp.gate.weight", "mlp.fc.weight", "mlp.proj.weight")
+SCALE_SUFFIX = "per_channel_scale"
 ARCHITECTURES = (ARCHITECTURE, "QWenForCausalLM")
 CHECKPOINT_WRITER = files.writer("TensorRT-LLM checkpoint", "a TensorRT-LLM checkpoint")
 PLACEHOLDER_VISUAL = dict(
@@ -71,8 +78,51 @@ def unshard(name: str, parts: list[torch.Tensor], vocab_size: int) -> torch.Tens
     return full[:vocab_size] if name == "lm_head.weight" else full
 
 
-def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1) -> dict:
-    """config.json of the unified checkpoint: TensorRT-LLM 1.2.x QWenConfig fields for Qwen-VL-Chat's LM."""
+def is_quantized(name: str) -> bool:
+    """True for the TensorRT-LLM weights that weight-only quantization stores in int8 (QUANTIZED)."""
+    return name.startswith("transformer.layers.") and name.endswith(QUANTIZED)
+
+
+def scale_name(name: str) -> str:
+    """The name of a quantized matrix's scales: `…qkv.weight` → `…qkv.per_channel_scale`."""
+    return name.removesuffix("weight") + SCALE_SUFFIX
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 of a matrix [out, in] with one scale per output channel, TensorRT-LLM's rule
+    (cutlass_preprocessors.cpp's symmetric_quantize): scale = max |w| of the channel / 128, q = w / scale rounded half
+    away from zero and clipped to [-128, 127] (a channel of zeros: scale 0, q 0). Returns q int8 [out, in] and the
+    scales in float32 [out]; w ≈ q · scale, within scale / 2 except the channel's positive maximum, clipped at 127."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1) / 128  # [out]
+    scaled = torch.where(scale[:, None] > 0, w / scale.clamp(min=torch.finfo(torch.float32).tiny)[:, None], 0.0)
+    q = (scaled.sign() * (scaled.abs() + 0.5).floor()).clamp(-128, 127).to(torch.int8)  # C's round()
+    return q, scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
+    """The matrix that int8 q [out, in] and its scales [out] stand for, in dtype (each channel times its scale)."""
+    return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def weight_only_quantize(weights: dict, dtype) -> dict:
+    """TensorRT-LLM weights (a language model's, in `dtype`) with every QUANTIZED matrix replaced by int8 and its
+    `per_channel_scale` [out] in `dtype`, as TensorRT-LLM's W8A16 checkpoint holds them (the scales are stored in the
+    checkpoint dtype; the rounding uses them in float32, as the C++ does). Other weights are kept as they are."""
+    out = {}
+    for name, tensor in weights.items():
+        if is_quantized(name):
+            q, scale = quantize_per_channel(tensor)
+            out[name], out[scale_name(name)] = q, scale.to(to_torch_dtype(dtype))
+        else:
+            out[name] = tensor
+    return out
+
+
+def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1, weight_only=None) -> dict:
+    """config.json of the unified checkpoint: TensorRT-LLM 1.2.x QWenConfig fields for Qwen-VL-Chat's LM (weight_only
+    "int8": quant_algo "W8A16")."""
+    check_weight_only(weight_only)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)} (TensorRT-LLM checkpoint dtypes), got {dtype!r}")
     if not is_int(tp_size) or tp_size < 1:
@@ -113,18 +163,28 @@ def trtllm_config(config: QWenVLConfig, dtype: str = "float16", tp_size: int = 1
         "embedding_sharding_dim": 0,
         "tie_word_embeddings": False,
         "mapping": {"world_size": tp_size, "tp_size": tp_size, "pp_size": 1},
-        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+        "quantization": {"quant_algo": WEIGHT_ONLY.get(weight_only), "kv_cache_quant_algo": None},
     }
 
 
 def convert_to_trtllm_checkpoint(  # noqa: PLR0913 — the conversion's options, one argument each
-    checkpoint_dir, output_dir, dtype: str = "float16", tp_size: int = 1, overwrite: bool = False
+    checkpoint_dir, output_dir, dtype: str = "float16", tp_size: int = 1, overwrite: bool = False, weight_only=None
 ) -> Path:
     """Write the TensorRT-LLM checkpoint of a Qwen-VL checkpoint's language model (no vision weights) as the folder
     `output_dir` (new or empty; overwrite: replace one this package wrote). A finite weight that overflows in `dtype`
-    (float16 past 65504) is refused, named."""
+    (float16 past 65504) is refused, named. weight_only "int8" stores the layers' matrices as int8 with per-channel
+    scales (one rank only).
+
+    The int8 matrices are kept [out, in], the layout this package's engine reads: TensorRT-LLM's weight-only plugin
+    stores them transposed and interleaved for its CUTLASS kernels (preprocess_weights_for_mixed_gemm), so
+    `trtllm-build` takes a checkpoint from its own convert_checkpoint.py for that."""
     hf_config = load_config(checkpoint_dir)
-    config = trtllm_config(hf_config, dtype, tp_size)
+    config = trtllm_config(hf_config, dtype, tp_size, weight_only)
+    if weight_only is not None and tp_size != 1:
+        raise ValueError(
+            f"weight_only={weight_only!r} is written for one rank (the package's engine), not tp_size {tp_size}: "
+            "TensorRT-LLM quantizes each rank's share of a split matrix on its own; use tp_size=1"
+        )
     with torch.device("meta"):
         expected = {k: v for k, v in QWenLMHeadModel(hf_config).state_dict().items() if not is_visual(k)}
     item = torch.empty((), dtype=to_torch_dtype(dtype)).element_size()
@@ -136,9 +196,13 @@ def convert_to_trtllm_checkpoint(  # noqa: PLR0913 — the conversion's options,
     del state
     ranks = [{} for _ in range(tp_size)]
     for name in list(weights):
-        tensor = cast_finite(f"{hf_name(name)} (the engine's {name})", weights.pop(name), dtype)
-        for rank, part in enumerate(ranks):
-            part[name] = shard(name, tensor, tp_size, rank).contiguous()
+        tensor = cast_finite(
+            f"{hf_name(name)} (the engine's {name})", weights.pop(name), dtype
+        )  # quantized from the dtype's values, as upstream
+        converted = weight_only_quantize({name: tensor}, dtype) if weight_only is not None else {name: tensor}
+        for key, value in converted.items():
+            for rank, part in enumerate(ranks):
+                part[key] = shard(key, value, tp_size, rank).contiguous()
     with files.writing_folder(
         output_dir,
         CHECKPOINT_WRITER,
@@ -215,7 +279,7 @@ def read_trtllm_config(checkpoint_dir) -> dict:
 
 def check_trtllm_config(config: dict, checkpoint_dir: Path) -> dict:
     """A TensorRT-LLM QWen checkpoint's config.json (read from `checkpoint_dir`), checked to be one this package can
-    read back: a Qwen (v1) model, every size a positive int, unquantized, no pipeline parallelism."""
+    read back: a Qwen (v1) model, every size a positive int, unquantized or weight-only, no pipeline parallelism."""
     config_file, fix = checkpoint_dir / "config.json", TRTLLM_FIX
     if config.get("architecture") not in ARCHITECTURES or config.get("qwen_type") != "qwen":
         raise CheckpointError(
@@ -238,10 +302,26 @@ def check_trtllm_config(config: dict, checkpoint_dir: Path) -> dict:
     if not isinstance(config.get("dtype"), str) or config["dtype"] not in DTYPES:
         raise CheckpointError(f"{config_file}: 'dtype' must be one of {sorted(DTYPES)}, found {config.get('dtype')!r}")
     mapping = field(config, "mapping", "dict", config_file, fix)
-    field(mapping, "tp_size", "int", f"{config_file} (mapping)", fix)
-    if mapping.get("pp_size", 1) != 1 or (config.get("quantization") or {}).get("quant_algo") is not None:
-        raise CheckpointError(f"{checkpoint_dir}: only unquantized checkpoints without pipeline parallelism are read")
+    tp_size = field(mapping, "tp_size", "int", f"{config_file} (mapping)", fix)
+    algo = (config.get("quantization") or {}).get("quant_algo")
+    if mapping.get("pp_size", 1) != 1 or algo not in (None, *WEIGHT_ONLY.values()):
+        raise CheckpointError(
+            f"{checkpoint_dir}: only checkpoints without pipeline parallelism, unquantized or weight-only "
+            f"{sorted(WEIGHT_ONLY.values())}, are read (found quant_algo {algo!r})"
+        )
+    if algo is not None and tp_size != 1:
+        raise CheckpointError(f"{checkpoint_dir}: a weight-only checkpoint is read for one rank, not tp_size {tp_size}")
     return config
+
+
+def dequantized(weights: dict, dtype) -> dict:
+    """A weight-only checkpoint's weights with each int8 matrix times its per-channel scales, in dtype (the scales
+    dropped): what `weight_only_quantize` rounded the weights to."""
+    return {
+        name: dequantize(tensor, weights[scale_name(name)], to_torch_dtype(dtype)) if is_quantized(name) else tensor
+        for name, tensor in weights.items()
+        if not name.endswith(SCALE_SUFFIX)
+    }
 
 
 class NoVisionWeights(VisionTransformer):
@@ -265,6 +345,10 @@ def load_trtllm_checkpoint(checkpoint_dir, hf_dir=None, dtype=None) -> QWenLMHea
         hf_dir = check_path("hf_dir", hf_dir)
     config = read_trtllm_config(checkpoint_dir)
     ranks = [load_file(str(Path(checkpoint_dir) / f"rank{r}.safetensors")) for r in range(config["mapping"]["tp_size"])]
+    if (config.get("quantization") or {}).get(
+        "quant_algo"
+    ) is not None:  # weight-only: the matrices the int8 values stand for
+        ranks = [dequantized(ranks[0], config["dtype"])]
     state = {hf_name(name): unshard(name, [part[name] for part in ranks], config["vocab_size"]) for name in ranks[0]}
     if hf_dir is None:
         visual = dict(PLACEHOLDER_VISUAL, output_dim=config["hidden_size"])

@@ -121,3 +121,30 @@ def test_warm_up_saves_the_tuned_choices_and_a_second_load_reuses_them(engine_di
         second.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
         first.generate(PROMPTS, max_new_tokens=4, end_id=-1, pad_id=0),
     )
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_an_int8_engine_in_cuda_graphs_gives_the_cpu_int8_engines_tokens(checkpoint, tmp_path, backend):
+    """Weight-only INT8 (float32 activations): the compiled int8 products, in CUDA graphs, pick the CPU engine's greedy
+    tokens and beams (the CPU engine dequantises each matrix with PyTorch ops)."""
+    config = BuildConfig(max_batch_size=4, max_input_len=128, max_seq_len=192, max_beam_width=3, weight_only="int8")
+    engine_dir = build_engine(checkpoint, tmp_path / "int8", config)
+    cpu = ModelRunner.from_dir(engine_dir)
+    gpu = ModelRunner.from_dir(engine_dir, device="cuda", backend=backend, cuda_graphs=True)
+    assert gpu.engine.layers[0].qkv_t.dtype == torch.int8
+    for kwargs in ({}, {"num_beams": 3}):
+        expected = cpu.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0, **kwargs)
+        assert torch.equal(gpu.generate(PROMPTS, max_new_tokens=8, end_id=-1, pad_id=0, **kwargs).cpu(), expected)
+
+
+def test_bench_measures_the_int8_engine_beside_the_float_one(tmp_path):
+    """--weight-only int8 on the GPU: both engines' rows, the int8 engine's own limit, and its drift."""
+    report = bench.main(
+        ["--model", "tiny", "--device", "cuda", "--batch", "1", "2", "--new-tokens", "32", "--repeats", "2",
+         "--no-eager", "--weight-only", "int8", "--drift-steps", "4", "--json", tmp_path / "b.json"]
+    )  # fmt: skip
+    methods = [r["method"] for r in report["results"]]
+    assert methods == ["engine", "engine", "engine-int8", "engine-int8"]
+    wo = report["weight_only"]
+    assert wo["weight_bytes_vs_float"] < 1 and len(wo["drift"]["layers_rel_l2"]) == report["model"]["layers"]
+    assert all(r["vs_float_engine"] > 0 for r in report["results"] if r["method"] == "engine-int8")

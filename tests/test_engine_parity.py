@@ -16,7 +16,7 @@ from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig
 from qwenvl_lab.prompt_table import single_table_batch
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, make_context
 from qwenvl_lab.toy import TOY_DIR
-from qwenvl_lab.unified_checkpoint import trtllm_config
+from qwenvl_lab.unified_checkpoint import trtllm_config, weight_only_quantize
 
 NEW_TOKENS = 6
 QUESTIONS = [
@@ -229,18 +229,26 @@ def engine_tensors(engine) -> dict:
     """Every tensor the engine holds but its KV cache, by where it is held: the engine, its stacks, its layers."""
     held = {name: t for name, t in vars(engine).items() if isinstance(t, torch.Tensor) and name != "kv_cache"}
     held |= {f"stacks.{name}": t for name, t in engine.stacks.items()}
-    return held | {f"layers.{i}.{name}": t for i, layer in enumerate(engine.layers) for name, t in vars(layer).items()}
+    layers = {f"layers.{i}.{name}": t for i, layer in enumerate(engine.layers) for name, t in vars(layer).items()}
+    return held | {name: t for name, t in layers.items() if t is not None}  # a float engine's layers have no scales
 
 
-@pytest.mark.parametrize("backend", runnable_here())
-def test_no_back_end_rewrites_the_engines_tensors(backend):
-    """A back end reads the engine's weights as the engine laid them out and writes only the KV cache."""
+@pytest.mark.parametrize(
+    "backend, weight_only",
+    [(b, None) for b in runnable_here()] + [(b, "int8") for b in runnable_here() if b != "numba"],
+)
+def test_no_back_end_rewrites_the_engines_tensors(backend, weight_only):
+    """A back end reads the engine's weights as the engine laid them out (a weight-only engine's int8 matrices and
+    scales too) and writes only the KV cache."""
     torch.manual_seed(0)
     model = QWenLMHeadModel(QWenVLConfig(**{**TINY_CONFIG, "vocab_size": 1000})).eval()  # small for the interpreter
-    config = BuildConfig(max_batch_size=2, max_input_len=32, max_seq_len=64)
-    step_class = backend_class(backend, "cpu", torch.float32)
+    config = BuildConfig(max_batch_size=2, max_input_len=32, max_seq_len=64, weight_only=weight_only)
+    step_class = backend_class(backend, "cpu", torch.float32, weight_only=weight_only)
+    weights = to_trtllm_names(model.state_dict())
+    if weight_only:
+        weights = weight_only_quantize(weights, "float32")
     engine = LanguageModelEngine(
-        config, trtllm_config(model.config, "float32"), to_trtllm_names(model.state_dict()), "cpu", step_class.layout
+        config, trtllm_config(model.config, "float32", weight_only=weight_only), weights, "cpu", step_class.layout
     )
     before = {name: (t, t.clone()) for name, t in engine_tensors(engine).items()}
     step = step_class(engine)
@@ -248,6 +256,7 @@ def test_no_back_end_rewrites_the_engines_tensors(backend):
         step(torch.tensor([5, 6]), torch.tensor([3, 9]), 64)
     after = engine_tensors(engine)
     assert after.keys() == before.keys()
+    assert ("layers.0.qkv_s" in before) == (weight_only is not None)
     for name, (tensor, values) in before.items():
         assert after[name] is tensor and torch.equal(tensor, values), name
     assert engine.kv_cache[:, :, :2, :, [3, 9]].any()  # the step did write its keys and values

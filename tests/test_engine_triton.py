@@ -19,8 +19,9 @@ from qwenvl_lab.checkpoint import TINY_CONFIG  # noqa: E402
 from qwenvl_lab.engine import BuildConfig, ModelRunner  # noqa: E402
 from qwenvl_lab.engine.decode import triton_linear  # noqa: E402
 from qwenvl_lab.engine.decode.triton_attention import CHUNK, decode_attention  # noqa: E402
-from qwenvl_lab.engine.decode.triton_linear import ROW_TILE, fused_linear, rms_norm  # noqa: E402
+from qwenvl_lab.engine.decode.triton_linear import ROW_TILE, embed_rms_norm, fused_linear, rms_norm  # noqa: E402
 from qwenvl_lab.modeling import QWenLMHeadModel, QWenVLConfig, RMSNorm, apply_rope  # noqa: E402
+from qwenvl_lab.unified_checkpoint import quantize_per_channel  # noqa: E402
 
 K, N = 96, 40  # not multiples of the tiles: the masks are exercised
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # without a GPU: Triton's interpreter (tests/conftest.py)
@@ -55,6 +56,54 @@ def test_fused_linear_equals_its_reference(dtype, rows):
     torch.testing.assert_close(
         fused_linear(x, gate_fc, swiglu=True).float(), h[:, :N] * F.silu(h[:, N:]), **close(dtype)
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5, ROW_TILE + 3])
+def test_int8_fused_linear_equals_the_float_product_of_its_dequantized_weight(dtype, rows):
+    """Weight-only INT8: int8 rows read and turned into x's dtype in registers, the float32 sums scaled per row —
+    against x @ (q · scale).T in float32, for the plain product, bias, split-K accumulation and the gated MLP."""
+    torch.manual_seed(rows)
+    x, b = torch.randn(rows, K).to(dtype), torch.randn(N).to(dtype)
+    q, scale = quantize_per_channel(torch.randn(N, K) / 10)
+    scale = scale.to(dtype)
+    w = q.float() * scale.float()[:, None]  # [N, K]: what the int8 rows stand for
+    product = x.float() @ w.T
+    torch.testing.assert_close(fused_linear(x, q, scale=scale).float(), product, **close(dtype))
+    got = fused_linear(x, q, b, scale=scale)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), product + b.float(), **close(dtype))
+    residual = torch.randn(rows, N)
+    out = residual.clone()
+    assert fused_linear(x, q, out=out, scale=scale) is out
+    torch.testing.assert_close(out, residual + product, **close(dtype))
+    q2, scale2 = quantize_per_channel(torch.randn(2 * N, K) / 10)  # gate rows, then fc rows, each row its scale
+    scale2 = scale2.to(dtype)
+    h = x.float() @ (q2.float() * scale2.float()[:, None]).T
+    torch.testing.assert_close(
+        fused_linear(x, q2, swiglu=True, scale=scale2).float(), h[:, :N] * F.silu(h[:, N:]), **close(dtype)
+    )
+
+
+def test_logits_come_out_in_float32_from_a_float16_product():
+    torch.manual_seed(0)
+    x, w = torch.randn(2, K).half(), (torch.randn(N, K) / 10).half()
+    got = fused_linear(x, w, dtype=torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, x.float() @ w.float().T, **close(torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embed_rms_norm_is_the_embedding_in_float32_and_its_norm(dtype):
+    """The step's first kernel: F.embedding, .float() and rms_norm in one launch; ids may be a strided view (beam
+    search hands its tokens as one)."""
+    torch.manual_seed(0)
+    table, weight = torch.randn(50, K).to(dtype), torch.rand(K).to(dtype) + 0.5
+    for ids in (torch.tensor([3, 49, 0]), torch.tensor([7, 1, 8, 2, 9, 3])[::2]):
+        x, h = embed_rms_norm(ids, table, weight, 1e-6)
+        assert x.dtype == torch.float32 and h.dtype == dtype
+        assert torch.equal(x, F.embedding(ids, table).float())
+        torch.testing.assert_close(h, rms_norm(F.embedding(ids, table).float(), weight, 1e-6), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -123,6 +172,15 @@ def test_kernels_refuse_what_they_cannot_do():
         fused_linear(x.half(), w)
     with pytest.raises(ValueError, match="contiguous float32"):
         fused_linear(x, w, out=torch.zeros(2, N, dtype=torch.float16))
+    q = torch.zeros(N, K, dtype=torch.int8)
+    with pytest.raises(ValueError, match="an int8 weight needs its scales"):
+        fused_linear(x, q)
+    with pytest.raises(ValueError, match="an int8 weight needs its scales"):
+        fused_linear(x, w, scale=torch.ones(N))
+    with pytest.raises(ValueError, match=f"scale must be a float tensor \\[{N}\\]"):
+        fused_linear(x, q, scale=torch.ones(N + 1))
+    with pytest.raises(ValueError, match="embed_rms_norm needs ids"):
+        embed_rms_norm(torch.zeros(1, 2, dtype=torch.long), torch.zeros(5, K), torch.ones(K), 1e-6)
     with pytest.raises(ValueError, match="weight \\[H\\]"):
         rms_norm(x, torch.ones(K + 1), 1e-6)
     cache, tables = torch.zeros(2, 1, 2, 12, 16), (torch.zeros(12, 16), torch.zeros(12, 16))  # cos, sin_signed
@@ -166,10 +224,32 @@ def test_fused_decode_gives_the_plain_engines_tokens():
         )
 
 
-def test_bench_times_the_fused_products_alone(monkeypatch):
-    """The benchmark's design ceiling runs the engine's own kernels when they are on (on a GPU in one CUDA graph)."""
+@pytest.mark.slow
+def test_the_int8_triton_step_gives_the_int8_reference_engines_tokens():
+    """Weight-only INT8 on the Triton kernels against the same engine on PyTorch ops (which dequantise each matrix):
+    greedy and beams, and one step's logits."""
+    model = small_model()
+    config = BuildConfig(max_batch_size=3, max_input_len=32, max_seq_len=48, max_beam_width=2, weight_only="int8")
+    plain = ModelRunner.from_model(model, config, DEVICE, backend="torch")
+    fused = ModelRunner.from_model(model, config, DEVICE, backend="triton")
+    assert fused.engine.layers[0].qkv_t.dtype == torch.int8
+    prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.arange(10, 30), torch.tensor([7, 8])]
+    for kwargs in ({}, {"num_beams": 2}):
+        expected = plain.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs)
+        assert torch.equal(fused.generate(prompts, max_new_tokens=5, end_id=-1, pad_id=0, **kwargs), expected)
+    with torch.inference_mode():
+        ids, pos = torch.tensor([5, 6]), torch.tensor([5, 20])
+        torch.testing.assert_close(
+            fused.decode_step(ids, pos, 21), plain.decode_step(ids, pos, 21), atol=1e-5, rtol=1e-5
+        )
 
-    config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16)
+
+@pytest.mark.parametrize("weight_only", [None, "int8"])
+def test_bench_times_the_fused_products_alone(monkeypatch, weight_only):
+    """The benchmark's design ceiling runs the engine's own kernels when they are on (on a GPU in one CUDA graph),
+    with a weight-only engine's scales."""
+
+    config = BuildConfig(max_batch_size=1, max_input_len=8, max_seq_len=16, weight_only=weight_only)
     fused = ModelRunner.from_model(small_model(), config, DEVICE, backend="triton")
     calls, kernel = [], triton_linear.fused_linear
 
@@ -183,6 +263,7 @@ def test_bench_times_the_fused_products_alone(monkeypatch):
     runs, rest = divmod(len(calls), 4 * layers + 1)  # four products a layer, then lm_head
     assert rest == 0 and runs >= 2  # warm-ups and timed runs (on CUDA: a warm-up and the capture, then replays)
     assert sum(bool(k.get("swiglu")) for k in calls) == runs * layers
+    assert sum(k.get("scale") is not None for k in calls) == (4 * layers * runs if weight_only else 0)
 
 
 def test_tuned_choices_are_saved_and_taken_back(monkeypatch):

@@ -70,6 +70,7 @@ NOT_PATHS = {
     "qwenvl_lab.bench.first_answers": "workdir: the benchmark's own temporary folder",
     "qwenvl_lab.bench.load_model": "workdir: the benchmark's own temporary folder",
     "qwenvl_lab.bench.measure_all": "workdir: the benchmark's own temporary folder",
+    "qwenvl_lab.bench.weight_only_runner": "checkpoint, workdir: the benchmark's own, checked where it loads them",
     "qwenvl_lab.course.doctor.check_install_disk": "folder: the doctor's own, read with the standard library only",
     "qwenvl_lab.course.doctor.check_wheelhouse": "folder: WHEELHOUSE= or the clone's; a folder it cannot use is a fail line",
     "qwenvl_lab.course.doctor.check_package_index": "folder: the wheelhouse check_wheelhouse reports on",

@@ -48,11 +48,11 @@ from qwenvl_lab.fonts import make_subset
 from qwenvl_lab.limits import BuildConfig
 from qwenvl_lab.modeling import QWenLMHeadModel
 from qwenvl_lab.resources import checkout_dir, data_dir
-from qwenvl_lab.toy import make_samples, train
+from qwenvl_lab.toy import evaluate, make_samples, train
 from qwenvl_lab.toy.shapes import Scene
 from qwenvl_lab.trtllm import onnx_export, pipeline, visual_plan
 from qwenvl_lab.unified_checkpoint import convert_to_trtllm_checkpoint
-from tools import classload, stage_drift, website
+from tools import classload, decode_profile, stage_drift, website
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = BuildConfig(max_batch_size=1, max_input_len=300, max_seq_len=320, max_prompt_embedding_table_size=256)
@@ -93,6 +93,16 @@ def bench_json(dest, overwrite):
     try:
         with contextlib.redirect_stderr(stderr):
             bench.main(argv)
+    except SystemExit:
+        raise Refused(stderr.getvalue().strip().splitlines()[-1]) from None
+
+
+def evaluate_json(dest, overwrite):
+    argv = ["--n", "1", "--skip-controls", "--json", str(dest), *(["--overwrite"] if overwrite else [])]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            evaluate.main(argv)
     except SystemExit:
         raise Refused(stderr.getvalue().strip().splitlines()[-1]) from None
 
@@ -240,6 +250,8 @@ def drivers(tiny_checkpoint, tiny_model, tmp_path_factory):
         ),
         Driver("class-load --json", "load.json", lambda d, o: classload.save_result(d, {"class": {}}, o)),
         Driver("stage dump", "run.safetensors", stage_dump, work=(dump, "safetensors_bytes")),
+        Driver("evaluate --json", "evaluate.json", evaluate_json, work=(evaluate, "report")),
+        Driver("decode profile --json", "profile.json", lambda d, o: decode_profile.save_report(d, {"steps": []}, o)),
         Driver(
             "stage drift --json",
             "drift/stage_drift-toy.json",
@@ -259,6 +271,8 @@ def stand_ins(monkeypatch):
 def _stand_ins(monkeypatch):
     monkeypatch.setattr(bench, "run_benchmark", lambda *args: {"results": []})
     monkeypatch.setattr(bench, "format_table", lambda report: "")
+    monkeypatch.setattr(evaluate, "report", lambda *args: {"kinds": {}})
+    monkeypatch.setattr(evaluate, "summary", lambda *args: "")
     monkeypatch.setattr(triton_linear, "tuned_choices", lambda: [{"key": [1], "config": 0}])
 
 

@@ -12,6 +12,8 @@ from .values import check_int, is_int
 INT32_MAX = torch.iinfo(torch.int32).max  # TensorRT-LLM keeps tasks and task_vocab_size as int32
 INT64_MAX = torch.iinfo(torch.int64).max
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# weight-only precision → TensorRT-LLM's quant_algo (convert_checkpoint.py's args_to_quant_config: W8A16)
+WEIGHT_ONLY = {"int8": "W8A16"}
 
 
 # token ids
@@ -111,6 +113,17 @@ def to_torch_dtype(dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or a torch.dtype")
     return DTYPES[dtype]
+
+
+def check_weight_only(weight_only):
+    """`weight_only` if it is None (no quantization) or a weight-only precision this package builds, else a
+    ValueError."""
+    if weight_only is not None and not (isinstance(weight_only, str) and weight_only in WEIGHT_ONLY):
+        raise ValueError(
+            f"weight_only must be None or one of {sorted(WEIGHT_ONLY)} (TensorRT-LLM's --weight_only_precision), "
+            f"got {weight_only!r}"
+        )
+    return weight_only
 
 
 def dtype_name(dtype) -> str:

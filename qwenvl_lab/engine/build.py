@@ -33,7 +33,13 @@ from ..files import MARK, CheckpointError, field, read_json
 from ..limits import BuildConfig, device_memory, engine_memory, memory_text
 from ..modeling import QWenLMHeadModel
 from ..tokenizing import VOCAB_FILE_NAME
-from ..unified_checkpoint import check_trtllm_config, convert_to_trtllm_checkpoint, trtllm_config
+from ..unified_checkpoint import (
+    check_trtllm_config,
+    convert_to_trtllm_checkpoint,
+    is_quantized,
+    scale_name,
+    trtllm_config,
+)
 from ..vision import VisionTransformer
 
 ENGINE_VERSION = "qwenvl-lab-engine/2"
@@ -79,7 +85,8 @@ def package_version() -> str:
 
 
 def expected_weights(pretrained_config: dict) -> dict[str, tuple[int, ...]]:
-    """The engine's LM weights, by TensorRT-LLM name, with their shapes."""
+    """The engine's LM weights, by TensorRT-LLM name, with their shapes (a weight-only engine: each quantized matrix's
+    per_channel_scale too)."""
     hidden, vocab = pretrained_config["hidden_size"], pretrained_config["vocab_size"]
     proj = pretrained_config["num_attention_heads"] * pretrained_config["head_size"]
     ffn = pretrained_config["intermediate_size"] // 2  # Qwen v1 stores twice the MLP width
@@ -102,6 +109,8 @@ def expected_weights(pretrained_config: dict) -> dict[str, tuple[int, ...]]:
                 prefix + "mlp.proj.weight": (hidden, ffn),
             }
         )
+    if (pretrained_config.get("quantization") or {}).get("quant_algo") is not None:
+        shapes.update({scale_name(name): shape[:1] for name, shape in shapes.items() if is_quantized(name)})
     return shapes
 
 
@@ -300,7 +309,7 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
         raise TypeError(f"build_config must be a BuildConfig, got {type(build_config).__name__}")
     checkpoint_dir, engine_dir = check_path("checkpoint_dir", checkpoint_dir), check_path("output_dir", output_dir)
     hf_config = load_config(checkpoint_dir)
-    pretrained = trtllm_config(hf_config, build_config.dtype)
+    pretrained = trtllm_config(hf_config, build_config.dtype, weight_only=build_config.weight_only)
     check_model_limits(build_config, pretrained["max_position_embeddings"], pretrained["seq_length"])
     _check_memory_at_build(build_config, pretrained)
     target = _engine_path(engine_dir)
@@ -340,7 +349,9 @@ def build_engine(checkpoint_dir, output_dir, build_config: BuildConfig, overwrit
 def _build_into(staging: Path, checkpoint_dir: Path, hf_config, pretrained, build_config) -> None:
     """Write the engine into `staging`: the language model, the vision tower, the tokenizer and sampling defaults, the
     config and the manifest (last)."""
-    convert_to_trtllm_checkpoint(checkpoint_dir, staging / LLM_DIR, build_config.dtype)
+    convert_to_trtllm_checkpoint(
+        checkpoint_dir, staging / LLM_DIR, build_config.dtype, weight_only=build_config.weight_only
+    )
     tower = load_visual_tower(checkpoint_dir, build_config.torch_dtype)
     (staging / VISION_DIR).mkdir()
     save_file(

@@ -6,6 +6,8 @@ The decode step (one new token per row over the cache) is a back end of its own:
 import torch
 import torch.nn.functional as F
 
+from ..checks.tensors import WEIGHT_ONLY
+from ..files import CheckpointError
 from ..limits import BuildConfig
 from ..modeling import attention_bias, rms_norm, rope_cos_sin
 from .build import check_engine_weights
@@ -13,14 +15,19 @@ from .layers import EngineLayer, attention_input, empty_matrix, mlp_output, stac
 
 
 class LanguageModelEngine:
-    """The LM on one device: weights in the engine dtype, the layers' stacked [layers, …] with their matrices in
-    `layout` (the decode back end's: engine.layers.LAYOUTS), RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
+    """The LM on one device: weights in the engine dtype (a weight-only engine's layer matrices in int8, with their
+    scales), the layers' stacked [layers, …] with their matrices in `layout` (the decode back end's:
+    engine.layers.LAYOUTS), RoPE tables, KV cache [layers, 2, rows, heads, S, hd]."""
 
     def __init__(self, build_config: BuildConfig, pretrained_config: dict, weights: dict, device, layout: str):
         check_engine_weights(weights, pretrained_config)
+        self.weight_only = check_weight_only_weights(build_config, pretrained_config, weights)
         self.dtype, self.device = build_config.torch_dtype, torch.device(device)
         self.weight_bytes_per_token = weight_bytes_per_token(
-            {name: torch.empty(t.shape, dtype=self.dtype, device="meta") for name, t in weights.items()}
+            {
+                name: torch.empty(t.shape, dtype=torch.int8 if t.dtype == torch.int8 else self.dtype, device="meta")
+                for name, t in weights.items()
+            }
         )
         self.eps = pretrained_config["norm_epsilon"]
         self.heads, self.head_dim = pretrained_config["num_attention_heads"], pretrained_config["head_size"]
@@ -49,6 +56,12 @@ class LanguageModelEngine:
         self.key_pos = torch.arange(self.max_seq_len, device=self.device)
         cos, sin = rope_cos_sin(self.key_pos[None], self.head_dim, pretrained_config["rotary_base"], self.dtype)
         self.cos, self.sin = cos[0, 0], sin[0, 0]  # [S, hd]
+
+    @property
+    def stacked_bytes(self) -> int:
+        """Bytes the engine's weights take on its device (int8 matrices one byte a number, their scales included)."""
+        tensors = [*self.stacks.values(), self.vocab_embedding, self.lm_head_t, self.ln_f]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Vocabulary rows of ids [T] (no prompt table): [T, H]."""
@@ -96,3 +109,17 @@ class LanguageModelEngine:
         """Beam search: cache row i takes row src_rows[i]'s first kv_len keys and values."""
         n = src_rows.shape[0]
         self.kv_cache[:, :, :n, :, :kv_len] = self.kv_cache[:, :, src_rows, :, :kv_len]
+
+
+def check_weight_only_weights(build_config: BuildConfig, pretrained_config: dict, weights: dict):
+    """The engine's weight-only precision (None or "int8"), once the build config, the checkpoint's quant_algo and
+    the dtype of its first qkv matrix agree; a CheckpointError saying to rebuild when they do not."""
+    algo = (pretrained_config.get("quantization") or {}).get("quant_algo")
+    int8 = weights["transformer.layers.0.attention.qkv.weight"].dtype == torch.int8
+    if algo != WEIGHT_ONLY.get(build_config.weight_only) or int8 != (algo is not None):
+        raise CheckpointError(
+            f"the build config says weight_only={build_config.weight_only!r}, the language model's config "
+            f"quant_algo={algo!r}, its weights are {'int8' if int8 else 'floating point'}: they must agree; rebuild "
+            "the engine with build_engine(checkpoint_dir, engine_dir, build_config, overwrite=True)"
+        )
+    return build_config.weight_only

@@ -13,7 +13,7 @@ from ..layout import to_trtllm_names
 from ..limits import BuildConfig, check_engine_memory, engine_memory
 from ..prompt_table import lookup
 from ..requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, ends_with_stop_word
-from ..unified_checkpoint import trtllm_config
+from ..unified_checkpoint import trtllm_config, weight_only_quantize
 from .beam_search import BeamSearch
 from .block_reuse import DEFAULT_BLOCK_SIZE, KV_CACHE_KEYS, BlockPool, PrefillStats, RequestKey, rows_hash
 from .build import TUNING_FILE, expected_weights, load_engine_config, load_engine_weights, open_engine
@@ -74,7 +74,7 @@ class ModelRunner(Runner):
         self.max_request_rows = self.max_prompt_embedding_table_size  # one request may fill the table (run.py's way)
         self.vocab_size, self.hidden_size = pretrained_config["vocab_size"], pretrained_config["hidden_size"]
         self.device, self.dtype = device, build_config.torch_dtype
-        step_class = backend_class(backend, device, self.dtype, cuda_graphs)  # refused if it cannot run here
+        step_class = backend_class(backend, device, self.dtype, cuda_graphs, build_config.weight_only)  # or refused
         check_choice("kv_cache_reuse", kv_cache_reuse, (False, True))
         self.kv_cache_key = check_choice("kv_cache_key", kv_cache_key, KV_CACHE_KEYS)
         # a block longer than max_seq_len would never fill: refused when reuse is on, unused when it is off
@@ -140,14 +140,20 @@ class ModelRunner(Runner):
         tuning_file=None,
         **kv_cache_options,
     ) -> "ModelRunner":
-        """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size);
+        """Build the engine in memory from a QWenLMHeadModel (no files; used by the benchmark at full size); a
+        weight-only build config quantizes the model's layer matrices (from their values in the engine dtype);
         `kv_cache_options` as in from_dir."""
         device = next(model.parameters()).device if device is None else device
-        pretrained = trtllm_config(model.config, build_config.dtype)
+        pretrained = trtllm_config(model.config, build_config.dtype, weight_only=build_config.weight_only)
+        weights = to_trtllm_names(model.state_dict())
+        if build_config.weight_only is not None:
+            weights = weight_only_quantize(
+                {name: w.to(build_config.torch_dtype) for name, w in weights.items()}, build_config.dtype
+            )
         return cls(
             build_config,
             pretrained,
-            to_trtllm_names(model.state_dict()),
+            weights,
             device,
             backend,
             cuda_graphs,
@@ -179,7 +185,8 @@ class ModelRunner(Runner):
             f"ModelRunner(device={str(self.device)!r}, dtype={b.dtype}, max_batch_size={b.max_batch_size}, "
             f"max_input_len={b.max_input_len}, max_seq_len={b.max_seq_len}, "
             f"max_prompt_embedding_table_size={b.max_prompt_embedding_table_size}, max_beam_width={b.max_beam_width}, "
-            f"backend={self.backend!r}, cuda_graphs={self.cuda_graphs}"
+            + (f"weight_only={b.weight_only!r}, " if b.weight_only is not None else "")
+            + f"backend={self.backend!r}, cuda_graphs={self.cuda_graphs}"
             + (
                 ""
                 if self.kv_pool is None
@@ -337,6 +344,7 @@ class ModelRunner(Runner):
             for r, ids in enumerate(requests):
                 seen[r, ids[ids < self.vocab_size]] = True
         batch_rows = torch.arange(len(embeds), device=self.device)
+        counts = None if stopping else torch.arange(1, max_new_tokens + 1, device=self.device)  # every row: t + 1
         steps = 0  # decode steps run: new tokens whose keys and values the cache holds
         try:
             for t in range(max_new_tokens):
@@ -346,7 +354,7 @@ class ModelRunner(Runner):
                     generated += ~finished
                     finished |= tokens == end_id
                 else:
-                    generated += 1
+                    generated = counts[t].expand(len(embeds))  # a view: no kernel a step
                 new_ids[:, t] = tokens
                 if stop_words is not None:
                     finished |= self._ends_with_stop_word(new_ids[:, : t + 1], generated, stop_words)

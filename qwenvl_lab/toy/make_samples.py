@@ -100,6 +100,15 @@ def _pair_rows(scenes: list[Scene]) -> list[tuple[str, str]]:
     return rows
 
 
+def sample_questions() -> list[tuple[list[str], str, str]]:
+    """Every question data/images/README.md lists, as (picture file names, question, the trained answer): each
+    sample's one-picture questions, then the two-picture ones of PAIRS."""
+    rows = [([name], q, a) for name, scene in SAMPLES.items() for q, a in _rows(scene)]
+    for pair in PAIRS:
+        rows += [(list(pair), q, a) for q, a in _pair_rows([SAMPLES[name] for name in pair])]
+    return rows
+
+
 def _table(rows: list[tuple[str, str]]) -> list[str]:
     """A markdown table of (question, answer) rows."""
     return ["| question | answer |", "|---|---|"] + [f"| {q} | {f'`{a}`' if '<' in a else a} |" for q, a in rows]

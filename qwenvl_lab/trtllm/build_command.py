@@ -16,6 +16,12 @@ BUILD_MODULE = "tensorrt_llm.commands.build"  # what the `trtllm-build` console 
 
 def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_request: int = 1) -> list[str]:
     """The `trtllm-build` argument list for our engine's BuildConfig (the same limits, the same dtype)."""
+    if build_config.weight_only is not None:
+        raise ValueError(
+            f"build_config.weight_only={build_config.weight_only!r}: TensorRT-LLM takes weight-only quantization from "
+            "its checkpoint (convert_checkpoint.py --use_weight_only --weight_only_precision int8), not from "
+            "trtllm-build; this route converts unquantized checkpoints only: leave weight_only out"
+        )
     table_size = prompt_table_size(build_config, images_per_request)
     dtype = dtype_name(build_config.dtype)
     configured = build_config.max_prompt_embedding_table_size

@@ -7,8 +7,11 @@ to it (keys from pos + 1 to kv_len are masked). All give the same tokens; they d
 | backend | what runs | where |
 |---|---|---|
 | "torch" | plain PyTorch ops (`engine.layers`): the reference | anywhere |
-| "numba" | every layer of every row as one compiled call | a CPU, float32 engines |
+| "numba" | every layer of every row as one compiled call | a CPU, float32 engines without weight-only INT8 |
 | "triton" | the engine's Triton kernels (`triton_linear`, `triton_attention`) | an NVIDIA GPU (a CPU via the interpreter) |
+
+A weight-only INT8 engine runs on "torch" (each int8 matrix dequantised where it is used) and "triton" (its
+products read the int8 and scale the sums).
 
 Nothing is chosen for the caller: `ModelRunner(backend=..., cuda_graphs=...)` names the step, and a back end that
 cannot run here is refused with what to choose instead. FAST_PATH names each device's fast path (the benchmark's
@@ -49,9 +52,9 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def backend_class(name: str, device, dtype: torch.dtype, cuda_graphs: bool = False) -> type:
-    """The class of back end `name` for an engine of `dtype` on `device` (CUDA graphs or not); refuse a back end or
-    CUDA graphs that cannot run here, saying why and what to choose instead."""
+def backend_class(name: str, device, dtype: torch.dtype, cuda_graphs: bool = False, weight_only=None) -> type:
+    """The class of back end `name` for an engine of `dtype` (and weight-only precision) on `device` (CUDA graphs or
+    not); refuse a back end or CUDA graphs that cannot run here, saying why and what to choose instead."""
     device = torch.device(device)
     check_choice("backend", name, BACKENDS)
     check_choice("cuda_graphs", cuda_graphs, (False, True))
@@ -65,6 +68,11 @@ def backend_class(name: str, device, dtype: torch.dtype, cuda_graphs: bool = Fal
                 f"the numba decode kernel runs float32 engines on a CPU, not {dtype} on {device.type}: "
                 f'build the engine with dtype float32, or choose backend="torch"'
                 + (' (on an NVIDIA GPU, backend="triton")' if device.type == "cuda" else "")
+            )
+        if weight_only is not None:
+            raise ValueError(
+                f'the numba decode kernel reads float32 weights, not weight-only {weight_only}: choose backend="torch" '
+                "on a CPU (it dequantises each int8 matrix where it is used), or build the engine without weight_only"
             )
     if name == "triton":
         if not _installed("triton"):

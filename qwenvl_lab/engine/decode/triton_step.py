@@ -1,7 +1,9 @@
 """Decode back end "triton": the decode step as the engine's own Triton kernels (NVIDIA GPU; CPU via the interpreter).
 
 A float32 residual stream that the two projections add into, gate · silu(fc) inside the MLP's first product, and
-RoPE, the KV-cache write and attention split over the keys in one kernel: seven launches a layer. The tile shapes
+RoPE, the KV-cache write and attention split over the keys in one kernel: seven launches a layer; the embedding
+lookup is the first norm's, and the output layer writes float32 logits itself. A weight-only INT8 engine's products
+read int8 and scale their sums (triton_linear). The tile shapes
 the autotuner picks for each product are saved in the engine's tuning.json (one entry per GPU name and Triton
 version) and handed back to the autotuner by the next process that loads the engine, which then times nothing.
 """
@@ -16,7 +18,7 @@ import triton
 from ... import files
 from . import DecodeStep, triton_linear
 from .triton_attention import decode_attention
-from .triton_linear import fused_linear, rms_norm
+from .triton_linear import embed_rms_norm, fused_linear, rms_norm
 
 
 def _tuning_file(path) -> bool:
@@ -54,14 +56,17 @@ class TritonDecode(DecodeStep):
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """ids [n] at positions pos [n], attending to their cached keys up to pos: logits [n, V]."""
         e = self.engine
-        x = e.embed(ids).float()  # [n, H]: the residual stream
-        for layer, cache in zip(e.layers, e.kv_cache):
-            qkv = fused_linear(rms_norm(x, layer.ln_1, e.eps), layer.qkv_t.t(), layer.qkv_b)
+        x, h = embed_rms_norm(ids, e.vocab_embedding, e.layers[0].ln_1, e.eps)  # [n, H]: the residual stream, ln_1
+        for i, (layer, cache) in enumerate(zip(e.layers, e.kv_cache)):
+            if i:
+                h = rms_norm(x, layer.ln_1, e.eps)
+            qkv = fused_linear(h, layer.qkv_t.t(), layer.qkv_b, scale=layer.qkv_s)
             attn = decode_attention(qkv, self.cos, self.sin_signed, pos, cache, kv_len, self.tickets)  # [n, H]
-            fused_linear(attn, layer.dense_t.t(), out=x)
-            mlp = fused_linear(rms_norm(x, layer.ln_2, e.eps), layer.gate_fc_t.t(), swiglu=True)
-            fused_linear(mlp, layer.proj_t.t(), out=x)  # [n, H]
-        return fused_linear(rms_norm(x, e.ln_f, e.eps), e.lm_head_t.t()).float()  # [n, V]
+            fused_linear(attn, layer.dense_t.t(), out=x, scale=layer.dense_s)
+            h = rms_norm(x, layer.ln_2, e.eps)
+            mlp = fused_linear(h, layer.gate_fc_t.t(), swiglu=True, scale=layer.gate_fc_s)
+            fused_linear(mlp, layer.proj_t.t(), out=x, scale=layer.proj_s)  # [n, H]
+        return fused_linear(rms_norm(x, e.ln_f, e.eps), e.lm_head_t.t(), dtype=torch.float32)  # [n, V]
 
     def _saved(self) -> dict:
         """tuning.json's entries ({tuning key: choices}), {} when there is none or it cannot be read."""
