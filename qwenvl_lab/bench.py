@@ -37,6 +37,8 @@ import torch.nn.functional as F
 import transformers
 
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
+from .checks import options
+from .checks.options import Parser
 from .checks.tensors import to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
 from .engine.cuda_graphs import KV_BUCKET
@@ -49,11 +51,17 @@ from .toy import TOY_DIR
 MODELS = ("toy", "tiny", "qwen-vl-chat")
 IMAGES_DIR = images_dir()
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
+MAX_THREADS = 1024  # --threads: more than any machine the benchmark runs on has cores
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line options."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab bench", description=__doc__.split("\n")[0])
+def parser() -> Parser:
+    """`qwenvl-lab bench`'s options."""
+
+    def check(parser, args):
+        if args.model == "qwen-vl-chat" and args.checkpoint is None and torch.device(args.device).type != "cuda":
+            parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
+
+    parser = Parser(prog="qwenvl-lab bench", description=__doc__.split("\n")[0], check=check)
     parser.add_argument(
         "--model",
         choices=MODELS,
@@ -61,17 +69,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="toy: data/toy-qwen-vl; tiny: a random tiny "
         "checkpoint; qwen-vl-chat: Qwen-VL-Chat's size with random weights, built on the device",
     )
-    parser.add_argument("--checkpoint", type=Path, help="use this checkpoint directory instead of --model's")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--checkpoint",
+        type=options.folder_with("config.json", "a Qwen-VL checkpoint directory"),
+        help="use this checkpoint directory instead of --model's",
+    )
+    parser.add_argument("--device", type=options.device, default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument(
         "--dtype",
         choices=("float32", "float16", "bfloat16"),
         help="engine and eager dtype (default float32 on cpu, float16 on cuda)",
     )
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request (default 32)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement, best kept (default 3)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--batch", type=options.whole(1), nargs="+", default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)"
+    )
+    parser.add_argument(
+        "--new-tokens", type=options.whole(2), default=32, help="tokens generated per request (default 32)"
+    )
+    parser.add_argument(
+        "--repeats", type=options.whole(1), default=3, help="timed runs per measurement, best kept (default 3)"
+    )
+    parser.add_argument("--threads", type=options.whole(1, MAX_THREADS), help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
     parser.add_argument(
         "--backend",
@@ -85,34 +103,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         help="replay the engine's decode steps as CUDA graphs (default: on with --device cuda)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=options.whole(0, options.SEED_MAX), default=0)
     parser.add_argument(
         "--first-answer",
         action="store_true",
         help="also time a fresh process's first answer: cold, then with the kernel choices the cold one "
         "tuned and saved (ModelRunner.warm_up), each from loading the engine to the answer",
     )
-    parser.add_argument("--first-answer-child", type=Path, help=argparse.SUPPRESS)  # the fresh process; its tuning file
+    # the fresh process of --first-answer; its tuning file
+    parser.add_argument("--first-answer-child", type=options.output_file, help=argparse.SUPPRESS)
     parser.add_argument(
         "--integrity",
         action="store_true",
         help="instead: time loading --model's engine directory with verify='none', 'quick' and 'full', the checksum "
         "throughput, and what that makes for a full-size Qwen-VL-Chat engine",
     )
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
-    args = parser.parse_args(argv)
-    if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
-        parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device!r}: use cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA GPU here")
-    if args.model == "qwen-vl-chat" and args.checkpoint is None and device.type != "cuda":
-        parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
+    parser.add_argument("--json", type=options.output_file, help="write the results as JSON here")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options, checked, with the defaults that follow from the device filled in."""
+    args = parser().parse_args(argv)
+    device = torch.device(args.device)
     args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
     args.backend = args.backend or FAST_PATH.get(device.type, "torch")  # the benchmark measures the fast path
     args.cuda_graphs = device.type == "cuda" if args.cuda_graphs is None else args.cuda_graphs

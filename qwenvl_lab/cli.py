@@ -11,6 +11,9 @@ import re
 import sys
 from pathlib import Path
 
+from .checks import options
+from .checks.options import Parser
+
 # the one dispatch table: subcommand → (the function that runs it, as "module:function", one line of help). Each
 # module loads only when its subcommand runs; `doctor` and `lab` are the course's own commands (qwenvl_lab.course)
 SUBCOMMANDS = {
@@ -35,94 +38,77 @@ SUBCOMMANDS = {
 }
 
 
+CHECKPOINT = options.folder_with("config.json", "a Qwen-VL checkpoint directory")
+ENGINE = options.folder_with("config.json", "an engine directory (qwenvl-lab build's)")
+
+
 def command_function(name: str):
     """The function that runs subcommand `name` (its module imported now)."""
     module, _, function = SUBCOMMANDS[name][0].partition(":")
     return getattr(importlib.import_module(module), function)
 
 
-def count(low: int):
-    """An argparse type: a whole number >= low."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text!r}")
-        return value
-
-    parse.__name__ = f"whole number >= {low}"
-    return parse
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The argument parser of subcommand `name`: its module's function named as the one that runs it, with `parser`
+    for `main` (ask_main → ask_parser, main → parser). Parsing a list with it checks every option as running the
+    subcommand does, and runs nothing."""
+    module, _, function = SUBCOMMANDS[name][0].partition(":")
+    return getattr(importlib.import_module(module), function.replace("main", "parser"))()
 
 
-def device(text: str) -> str:
-    """An argparse type: a torch device this machine has (cpu, or cuda with a CUDA GPU)."""
-    import torch
+def ask_parser() -> Parser:
+    """`qwenvl-lab ask`'s options."""
 
-    try:
-        kind = torch.device(text).type
-    except (RuntimeError, ValueError):
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu or cuda")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: torch sees no CUDA GPU here; use cpu")
-    return text
+    def check(parser, args):
+        if args.engine is not None and args.checkpoint is not None:
+            parser.error("--engine and --checkpoint both given: give one of them")
 
-
-class Parser(argparse.ArgumentParser):
-    """argparse, whose errors about an option name it as typed: `--max-new-tokens must be …`."""
-
-    def error(self, message: str):
-        super().error(re.sub(r"^argument (\S+): ", r"\1 ", message))
-
-
-def picture_file(parser: argparse.ArgumentParser, option: str, path: str) -> Path:
-    """A picture's path, refused at once (with the option's name) when there is no file there."""
-    if Path(path).is_dir():
-        parser.error(f"{option} {path!r} is a folder, not a picture: give a PNG or JPEG file")
-    if not Path(path).is_file():
-        parser.error(f"picture not found: {path!r}")
-    return Path(path)
+    parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__, check=check)
+    parser.add_argument(
+        "--image", type=options.picture, action="append", default=[], help="a picture file (repeat for several)"
+    )
+    parser.add_argument(
+        "--question", type=options.text, default="图片里是什么？", help="the question (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--engine", type=ENGINE, help="an engine directory (build_engine's); default: the course's model, eager"
+    )
+    parser.add_argument(
+        "--checkpoint", type=CHECKPOINT, help="a Qwen-VL checkpoint directory (default: the shipped toy model)"
+    )
+    parser.add_argument(
+        "--device", type=options.device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=options.whole(1),
+        default=64,
+        help="the most tokens the answer may have (default: %(default)s)",
+    )
+    return parser
 
 
 def ask_main(argv=None) -> int:
     """`qwenvl-lab ask`: one question about zero or more pictures, answered greedily."""
-    parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__)
-    parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
-    parser.add_argument("--question", default="图片里是什么？", help="the question (default: %(default)s)")
-    parser.add_argument("--engine", help="an engine directory (build_engine's); default: the course's model, eager")
-    parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument(
-        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=count(1), default=64, help="the most tokens the answer may have (default: %(default)s)"
-    )
-    args = parser.parse_args(argv)
-    if args.engine and args.checkpoint:
-        parser.error("give --engine or --checkpoint, not both")
-    images = [str(picture_file(parser, "--image", image)) for image in args.image]
+    args = ask_parser().parse_args(argv)
     from . import chat
     from .tokenizing import load_tokenizer
 
-    if args.engine:
+    if args.engine is not None:
         from .infer import QWenInfer
 
         infer = QWenInfer.from_dir(args.engine, device=args.device)
-        answer, _ = infer.qwen_infer(images, args.question, max_new_tokens=args.max_new_tokens)
+        answer, _ = infer.qwen_infer(args.image, args.question, max_new_tokens=args.max_new_tokens)
     else:
         from .toy import default_checkpoint_dir, load_course_model
 
-        checkpoint = args.checkpoint or default_checkpoint_dir()
+        checkpoint = default_checkpoint_dir() if args.checkpoint is None else args.checkpoint
         model = load_course_model(checkpoint, device=args.device)
         answer, _ = chat.ask(
             chat.ModelAsRunner(model),
             model.transformer.visual,
             load_tokenizer(checkpoint),
-            images,
+            args.image,
             args.question,
             max_new_tokens=args.max_new_tokens,
         )
@@ -204,18 +190,19 @@ def answer_turn(talk, line: str, pictures, left_out: int, boxes_dir: Path, write
     return left_out
 
 
-def chat_main(argv=None, read=input, write=print) -> int:
-    """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
-    and saved as a PNG file (turn-N.png, never over an earlier one)."""
+def chat_parser() -> Parser:
+    """`qwenvl-lab chat`'s options."""
     parser = Parser(
         prog="qwenvl-lab chat",
         description=chat_main.__doc__,
         epilog=CHAT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
     parser.add_argument(
-        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+        "--engine", type=ENGINE, help="an engine directory (default: the course's engine, built on first use)"
+    )
+    parser.add_argument(
+        "--device", type=options.device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
     )
     parser.add_argument(
         "--sample",
@@ -223,12 +210,21 @@ def chat_main(argv=None, read=input, write=print) -> int:
         help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy",
     )
     parser.add_argument(
-        "--max-new-tokens", type=count(1), default=128, help="the most tokens an answer may have (default: %(default)s)"
+        "--max-new-tokens",
+        type=options.whole(1),
+        default=128,
+        help="the most tokens an answer may have (default: %(default)s)",
     )
-    parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
-    args = parser.parse_args(argv)
-    if args.boxes is not None and args.boxes.exists() and not args.boxes.is_dir():
-        parser.error(f"--boxes {str(args.boxes)!r} is a file: give a folder for the pictures with boxes")
+    parser.add_argument(
+        "--boxes", type=options.output_folder, help="where pictures with boxes go (default: course-output/chat/)"
+    )
+    return parser
+
+
+def chat_main(argv=None, read=input, write=print) -> int:
+    """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
+    and saved as a PNG file (turn-N.png, never over an earlier one)."""
+    args = chat_parser().parse_args(argv)
     if read is input and (sys.stdin is None or sys.stdin.closed):
         raise ValueError(CLOSED_STDIN)
     from .chat import Conversation, GenerationSettings
@@ -236,12 +232,12 @@ def chat_main(argv=None, read=input, write=print) -> int:
     from .resources import output_dir
     from .toy import course_engine
 
-    infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device)
+    infer = QWenInfer.from_dir(course_engine() if args.engine is None else args.engine, device=args.device)
     settings = GenerationSettings.from_dir(
         infer.runner.engine_dir, do_sample=args.sample, max_new_tokens=args.max_new_tokens
     )
     talk = Conversation(infer.runner, infer.vision, infer.tokenizer, settings=settings)
-    boxes_dir = args.boxes or output_dir() / "chat"
+    boxes_dir = output_dir() / "chat" if args.boxes is None else args.boxes
     pictures, left_out = [], 0
     write(CHAT_HELP)
     while True:
@@ -272,36 +268,51 @@ def chat_main(argv=None, read=input, write=print) -> int:
             pictures = []
 
 
-def build_main(argv=None) -> int:
-    """`qwenvl-lab build`: a checkpoint's engine directory, with the limits trtllm-build would fix."""
-    parser = Parser(prog="qwenvl-lab build", description=build_main.__doc__)
-    parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--engine", required=True, help="the engine directory to write (new, empty, or --overwrite)")
-    parser.add_argument("--max-batch-size", type=count(1), default=4)
-    parser.add_argument("--max-input-len", type=count(1), default=640)
-    parser.add_argument("--max-seq-len", type=count(1), default=704)
+def build_parser() -> Parser:
+    """`qwenvl-lab build`'s options."""
+
+    def check(parser, args):
+        from .tokenizing import IMG_TOKEN_SPAN
+
+        most = args.max_input_len // (IMG_TOKEN_SPAN + 2)
+        if args.images_per_request > most:
+            parser.error(
+                f"--images-per-request {args.images_per_request}: a request of --max-input-len {args.max_input_len} "
+                f"ids holds at most {most} pictures ({IMG_TOKEN_SPAN + 2} ids each)"
+            )
+
+    parser = Parser(prog="qwenvl-lab build", description=build_main.__doc__, check=check)
+    parser.add_argument(
+        "--checkpoint", type=CHECKPOINT, help="a Qwen-VL checkpoint directory (default: the shipped toy model)"
+    )
+    parser.add_argument(
+        "--engine",
+        type=options.output_folder,
+        required=True,
+        help="the engine directory to write (new, empty, or --overwrite)",
+    )
+    parser.add_argument("--max-batch-size", type=options.whole(1), default=4)
+    parser.add_argument("--max-input-len", type=options.whole(1), default=640)
+    parser.add_argument("--max-seq-len", type=options.whole(1), default=704)
     parser.add_argument(
         "--images-per-request",
-        type=count(0),
+        type=options.whole(0),
         default=2,
         help="sets --max_prompt_embedding_table_size = 256 × this × max batch size (0: text only)",
     )
-    parser.add_argument("--max-beam-width", type=count(1), default=1)
+    parser.add_argument("--max-beam-width", type=options.whole(1), default=1)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     parser.add_argument("--overwrite", action="store_true", help="replace an engine built earlier in --engine")
-    args = parser.parse_args(argv)
-    if not args.engine.strip():
-        parser.error("--engine is empty: give the directory to write the engine to, e.g. --engine ./engine")
+    return parser
+
+
+def build_main(argv=None) -> int:
+    """`qwenvl-lab build`: a checkpoint's engine directory, with the limits trtllm-build would fix."""
+    args = build_parser().parse_args(argv)
     from .engine import BuildConfig, build_engine
     from .tokenizing import IMG_TOKEN_SPAN
     from .toy import default_checkpoint_dir
 
-    most = args.max_input_len // (IMG_TOKEN_SPAN + 2)
-    if args.images_per_request > most:
-        parser.error(
-            f"--images-per-request {args.images_per_request}: a request of --max-input-len {args.max_input_len} ids "
-            f"holds at most {most} pictures ({IMG_TOKEN_SPAN + 2} ids each)"
-        )
     config = BuildConfig(
         max_batch_size=args.max_batch_size,
         max_input_len=args.max_input_len,
@@ -310,9 +321,8 @@ def build_main(argv=None) -> int:
         dtype=args.dtype,
         max_prompt_embedding_table_size=IMG_TOKEN_SPAN * args.images_per_request * args.max_batch_size,
     )
-    engine_dir = build_engine(
-        args.checkpoint or default_checkpoint_dir(), args.engine, config, overwrite=args.overwrite
-    )
+    checkpoint = default_checkpoint_dir() if args.checkpoint is None else args.checkpoint
+    engine_dir = build_engine(checkpoint, args.engine, config, overwrite=args.overwrite)
     print(f"engine written to {engine_dir}")
     return 0
 

@@ -76,7 +76,7 @@ def test_bad_options(tmp_path):
     for argv in (["--new-tokens", "1"], ["--device", "tpu"], ["--model", "qwen-vl-chat", "--device", "cpu"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+    with pytest.raises(SystemExit):  # a folder without config.json: refused as the options are read
         bench.main(["--checkpoint", str(tmp_path), "--new-tokens", "2"])
 
 

@@ -1,11 +1,12 @@
 """`python -m qwenvl_lab.toy.evaluate --seed S --n N` — exact-match accuracy on a fresh held-out set."""
 
-import argparse
 from collections import defaultdict
 
 import torch
 
 from ..chat import ModelAsRunner, ask_batch
+from ..checks import options
+from ..checks.options import Parser
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .course import load_toy_model
 from .shapes import LANGS, QUESTION_KINDS, answer_matches, grounding_score, make_dataset, no_picture
@@ -40,6 +41,8 @@ def is_right(answer: str, example) -> bool:
 def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=32, examples=None) -> dict:
     """Accuracy per (kind, lang) and overall on `make_dataset(seed, n)` (or the given examples)."""
     examples = make_dataset(seed, n) if examples is None else examples
+    if not examples:
+        raise ValueError(f"no questions to evaluate (n={n}): ask for at least one (--n 1 or more)")
     hits = defaultdict(list)
     by_images = defaultdict(list)
     for e in examples:
@@ -67,14 +70,27 @@ def no_picture_accuracy(model, tokenizer, examples, batch_size=32) -> dict:
     return {f"none/{lang}": sum(v) / len(v) for lang, v in sorted(hits.items())}
 
 
+MOST_QUESTIONS = 1_000_000  # --n: a held-out set of a million questions takes days on a CPU already
+
+
+def parser() -> Parser:
+    """`qwenvl-lab evaluate`'s options."""
+    parser = Parser(prog="qwenvl-lab evaluate", description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=options.whole(0, options.SEED_MAX), default=1)
+    parser.add_argument("--n", type=options.whole(1, MOST_QUESTIONS), default=500, help="questions (default: 500)")
+    parser.add_argument(
+        "--checkpoint",
+        type=options.folder_with("config.json", "a Qwen-VL checkpoint directory"),
+        default=None,
+        help="checkpoint directory (default: the shipped toy model)",
+    )
+    parser.add_argument("--device", type=options.device, default="cpu", help="cpu or cuda (default: %(default)s)")
+    return parser
+
+
 def main(argv=None):
     """Command line: print accuracy per question kind and language, with the prompt table and zeroed."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--n", type=int, default=500)
-    parser.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     model, tokenizer = load_toy_model(args.checkpoint, device=args.device), load_tokenizer()
     examples = make_dataset(args.seed, args.n)
     real = evaluate(model, tokenizer, examples=examples)

@@ -15,7 +15,6 @@ rank 0 runs the vision plan and gets the answer, as in TensorRT-LLM, whose execu
 other ranks itself.
 """
 
-import argparse
 import json
 import shlex
 import subprocess
@@ -23,6 +22,8 @@ import sys
 from pathlib import Path
 
 from .. import chat
+from ..checks import options
+from ..checks.options import Parser
 from ..checks.tensors import dtype_name
 from ..files import field, read_json
 from ..limits import BuildConfig
@@ -167,18 +168,28 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
     return answer
 
 
-def main(argv=None) -> int:
-    """The command line; exit status 3 when it stops at a GPU step on a machine without the TensorRT stack."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab trtllm", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="a Qwen-VL checkpoint directory (the course's)")
-    parser.add_argument("--image", required=True, help="a picture file")
-    parser.add_argument("--question", default="图片里是什么？")
-    parser.add_argument("--workdir", required=True, help="where the ONNX file, checkpoint, command, plan and engine go")
+def parser() -> Parser:
+    """`qwenvl-lab trtllm`'s options."""
+    parser = Parser(prog="qwenvl-lab trtllm", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--checkpoint",
+        type=options.folder_with("config.json", "a Qwen-VL checkpoint directory (data/toy-qwen-vl?)"),
+        required=True,
+        help="a Qwen-VL checkpoint directory (the course's)",
+    )
+    parser.add_argument("--image", type=options.picture, required=True, help="a picture file")
+    parser.add_argument("--question", type=options.text, default="图片里是什么？")
+    parser.add_argument(
+        "--workdir",
+        type=options.output_folder,
+        required=True,
+        help="where the ONNX file, checkpoint, command, plan and engine go",
+    )
     parser.add_argument("--stage", choices=("all", "prepare", "gpu"), default="all")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=options.whole(1), default=64)
     parser.add_argument(
         "--tp-size",
-        type=positive_int,
+        type=options.whole(1, 64),
         default=None,
         help="tensor parallelism: prepare splits the checkpoint for this many GPUs (default 1); the GPU stage, run "
         "under mpirun -n TP_SIZE, checks it against the prepared checkpoint",
@@ -194,11 +205,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="prepare stage: also save our PyTorch model's answer (slow on CPU for the full model)",
     )
-    args = parser.parse_args(argv)
-    if not Path(args.image).is_file():
-        parser.error(f"image not found: {args.image!r}")
-    if not Path(args.checkpoint).is_dir():
-        parser.error(f"checkpoint directory not found: {args.checkpoint!r} (a Qwen-VL checkpoint: data/toy-qwen-vl?)")
+    return parser
+
+
+def main(argv=None) -> int:
+    """The command line; exit status 3 when it stops at a GPU step on a machine without the TensorRT stack."""
+    args = parser().parse_args(argv)
     if args.stage != "gpu" and launcher_world_size() > 1:
         print(
             f"error: --stage {args.stage} runs once, in one process: run --stage prepare without mpirun, then the "
@@ -242,17 +254,6 @@ def main(argv=None) -> int:
         )
         return 1
     return 0
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 if __name__ == "__main__":
