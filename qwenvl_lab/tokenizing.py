@@ -536,6 +536,20 @@ def answer_query(answer) -> "Query":
     return Query([*segments, ("text", text[start:])])
 
 
+def _message(role: str, value) -> list[tuple[str, str]]:
+    """A chatml message's segments: <|im_start|>role, a newline, the text or Query, <|im_end|>."""
+    content = list(value.segments) if isinstance(value, Query) else [("text", value)]
+    return [("special", "<|im_start|>"), ("text", role), ("text", "\n"), *content, ("special", "<|im_end|>")]
+
+
+def history_turn(query, response) -> Query:
+    """An earlier turn as make_context lays it out in a prompt: a newline, the user's message, a newline, the
+    assistant's (`answer_query`). A turn's ids do not depend on the turns around it (special tokens separate them)."""
+    return Query(
+        [("text", "\n"), *_message("user", query), ("text", "\n"), *_message("assistant", answer_query(response))]
+    )
+
+
 def make_context(
     tokenizer: QWenTokenizer,
     query,
@@ -562,24 +576,11 @@ def make_context(
         if not isinstance(turn, (list, tuple)) or len(turn) != 2 or not all(isinstance(t, str) for t in turn):
             raise ValueError(f"history[{k}] must be a (query, response) pair of str, got {turn!r}")
 
-    def content(value) -> list[tuple[str, str]]:
-        return list(value.segments) if isinstance(value, Query) else [("text", value)]
-
-    def message(role: str, value) -> list[tuple[str, str]]:
-        return [("special", "<|im_start|>"), ("text", role), ("text", "\n"), *content(value), ("special", "<|im_end|>")]
-
-    system_part = Query(message("system", system))
+    system_part = Query(_message("system", system))
     system_len = len(tokenizer.encode_query(system_part))
     turns, used = [], 0
     for turn_query, turn_response in reversed(history):
-        turn = Query(
-            [
-                ("text", "\n"),
-                *message("user", turn_query),
-                ("text", "\n"),
-                *message("assistant", answer_query(turn_response)),
-            ]
-        )
+        turn = history_turn(turn_query, turn_response)
         n = len(tokenizer.encode_query(turn))
         if system_len + used + n >= max_window_size:
             break
@@ -587,7 +588,7 @@ def make_context(
         used += n
     current = [
         ("text", "\n"),
-        *message("user", query),
+        *_message("user", query),
         ("text", "\n"),
         ("special", "<|im_start|>"),
         ("text", "assistant"),
