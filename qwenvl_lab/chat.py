@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from .checks.tensors import INT32_MAX, dtype_name, to_torch_dtype
 from .checks.values import check_int
@@ -26,7 +27,7 @@ from .files import field, read_json
 from .limits import BuildConfig
 from .pictures import load_image
 from .prompt_table import per_request_tables
-from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, new_tokens
+from .requests import CheckedRequest, OneGeneration, Runner, SamplingConfig, held_by, new_tokens, steady_logits
 from .tokenizing import (
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -37,6 +38,7 @@ from .tokenizing import (
     QWenTokenizer,
     history_turn,
     make_context,
+    warn_image_tags_as_text,
 )
 
 SYSTEM = "You are a helpful assistant."
@@ -85,6 +87,7 @@ def make_prompt(
     """(query, context ids) of one chat turn: the pictures, then the question, after the history's turns (`names`:
     what each picture's span holds, default `picture_name`). The query is a PictureQuery: it carries the pictures."""
     pictures = list(pictures)
+    warn_image_tags_as_text(question, "the question", "give the picture in pictures=[…]")
     names = [picture_name(p, k + 1) for k, p in enumerate(pictures)] if names is None else names
     listed = tokenizer.from_list_format([*({"image": name} for name in names), {"text": question}])
     query = _picture_query(listed.segments, pictures)
@@ -141,7 +144,9 @@ def engine_inputs(
     vision=None and no input_vit the image spans keep their paths, for a runner that reads pictures itself
     (`ModelAsRunner`: Qwen-VL's original way).
     """
-    history = [] if history is None else list(history)
+    history, questions = [] if history is None else list(history), list(questions)
+    if not questions:
+        raise ValueError("no questions: give at least one (pictures, question) pair, e.g. [([path], '图片里是什么？')]")
     turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
     earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
     pictures = [p for query, ids in turns for p in context_pictures(query.pictures, earlier, ids)]  # in span order
@@ -211,12 +216,18 @@ def ask(
     max_new_tokens: int = 64,
     **sampling,
 ) -> tuple[str, list]:
-    """Answer `question` about `pictures` (paths or images, may be empty) after `history`: (answer, new history)."""
+    """Answer `question` about `pictures` (paths or images, may be empty) after `history`: (answer, new history).
+
+    With a vision encoder each picture is read once, here, and the new turn keeps it as read (its span still names
+    its path): a later turn shows it as this one did, whatever its file holds by then, as a Conversation does. With
+    vision=None the model reads every picture from its path in every turn (Qwen-VL's original way)."""
     pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
     history = [] if history is None else list(history)
-    query, _ = make_prompt(tokenizer, question, pictures, history, system)
+    seen = pictures if vision is None else [load_image(p) for p in pictures]
+    names = [picture_name(p, k + 1) for k, p in enumerate(pictures)]
+    query, _ = make_prompt(tokenizer, question, seen, history, system, names=names)
     [answer] = ask_batch(
-        runner, vision, tokenizer, [(pictures, question)], history, system, max_new_tokens=max_new_tokens, **sampling
+        runner, vision, tokenizer, [(seen, question)], history, system, max_new_tokens=max_new_tokens, **sampling
     )
     return answer, history + [(query, answer)]
 
@@ -273,13 +284,11 @@ class ModelAsRunner(Runner):
                 tasks=torch.tensor(request.tasks, dtype=torch.int32, device=device),
                 task_vocab_size=request.task_vocab_size,
             )
-        knobs = (
-            dict(do_sample=False)
-            if sampling.greedy
-            else dict(
-                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0
-            )
-        )
+        knobs = dict(do_sample=False)
+        if not sampling.greedy:  # the engine's guards against knobs float32 rounds to 0 (requests.held_by)
+            temperature = held_by(sampling.temperature, torch.float32)
+            knobs = dict(do_sample=True, temperature=temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0)
+            knobs["logits_processor"] = LogitsProcessorList([SteadyLogits()])  # runs before the temperature
         if sampling.random_seed is not None:
             torch.manual_seed(sampling.random_seed)
         with torch.inference_mode():
@@ -311,6 +320,14 @@ class ModelAsRunner(Runner):
             ]
             generated[r, 0] = min(ends, default=len(tail))
         return iter([(new, generated)])
+
+
+class SteadyLogits(LogitsProcessor):
+    """transformers' scores with each row's best at 0 (`requests.steady_logits`): the same draws, and no NaN when a
+    tiny temperature divides them."""
+
+    def __call__(self, input_ids, scores):
+        return steady_logits(scores.float())
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import unicodedata
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -536,6 +537,19 @@ def answer_query(answer) -> "Query":
     return Query([*segments, ("text", text[start:])])
 
 
+def warn_image_tags_as_text(text, what: str, fix: str) -> None:
+    """Warn when plain text (a str, not a Query) holds `<img>…</img>`: typed text never makes an image span (the
+    security rule), so the picture it names goes nowhere — a Qwen-VL query string, or a Query turned into a str."""
+    if isinstance(text, str) and not isinstance(text, Query):
+        start = text.find("<img>")
+        if start >= 0 and text.find("</img>", start) >= 0:
+            warnings.warn(
+                f"{what} holds <img>…</img> as plain text: typed text never makes an image span, so no picture goes "
+                f"with it; {fix}",
+                stacklevel=3,
+            )
+
+
 def _message(role: str, value) -> list[tuple[str, str]]:
     """A chatml message's segments: <|im_start|>role, a newline, the text or Query, <|im_end|>."""
     content = list(value.segments) if isinstance(value, Query) else [("text", value)]
@@ -575,6 +589,10 @@ def make_context(
     for k, turn in enumerate(history):
         if not isinstance(turn, (list, tuple)) or len(turn) != 2 or not all(isinstance(t, str) for t in turn):
             raise ValueError(f"history[{k}] must be a (query, response) pair of str, got {turn!r}")
+    fix = "build it with tokenizer.from_list_format([{'image': path}, {'text': …}]), which gives a Query"
+    warn_image_tags_as_text(query, "the query", fix)
+    for k, (turn_query, _) in enumerate(history):
+        warn_image_tags_as_text(turn_query, f"history[{k}]'s query", fix)
 
     system_part = Query(_message("system", system))
     system_len = len(tokenizer.encode_query(system_part))

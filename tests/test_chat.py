@@ -5,6 +5,7 @@ import itertools
 import json
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from qwenvl_lab import chat
 from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, TextStream
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.files import CheckpointError
+from qwenvl_lab.infer import QWenInfer
 from qwenvl_lab.pictures import load_image
 from qwenvl_lab.requests import OneGeneration, Runner
-from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, load_tokenizer
+from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, load_tokenizer, make_context
 from qwenvl_lab.toy import TOY_DIR, load_course_model
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -372,3 +374,75 @@ def test_a_turn_costs_as_much_after_1600_turns_as_after_50(tokenizer, monkeypatc
             work[turn] = encoded[0] - before
     assert max(work.values()) / min(work.values()) <= 1.01, work
     assert talk.left_out > 1500 and len(talk.history) == 1600 and kept <= 2
+
+
+class RecordingVision:
+    """A vision tower that records the content (picture_key) of every picture it encodes."""
+
+    def __init__(self, tower):
+        self.tower, self.seen = tower, []
+
+    def encode(self, pictures):
+        self.seen.append([chat.picture_key(load_image(p)) for p in pictures])
+        return self.tower.encode(pictures)
+
+
+def test_a_stateless_history_shows_its_pictures_as_they_were_read(toy, tmp_path):
+    """qwen_infer(history=…) and chat.ask: a history turn brings the picture it showed, not what its file holds now
+    (the history used to re-read the path), as a Conversation does."""
+    runner, tower, tokenizer = toy
+    picture = tmp_path / "photo.png"
+    shutil.copyfile(IMAGES / "red_circle.png", picture)
+    red, blue = (chat.picture_key(load_image(IMAGES / n)) for n in ("red_circle.png", "blue_square.png"))
+    vision = RecordingVision(tower)
+    infer = QWenInfer(runner, vision, tokenizer)
+    answer, history = infer.qwen_infer([picture], "What is in the picture?", max_new_tokens=16)
+    assert answer == "A red circle." and str(picture) in history[0][0]  # the span still names the path
+    shutil.copyfile(IMAGES / "blue_square.png", picture)  # the same path, another picture
+    infer.qwen_infer([picture], "Which picture has a blue square?", history=history, max_new_tokens=16)
+    assert vision.seen == [[red], [red, blue]]
+
+
+def test_an_empty_batch_is_refused_in_words(toy):
+    runner, tower, tokenizer = toy
+    with pytest.raises(ValueError, match=r"no questions: give at least one \(pictures, question\) pair"):
+        chat.ask_batch(runner, tower, tokenizer, [])
+
+
+def image_tags_as_text(tokenizer, toy):
+    """Every way a string holding <img>…</img> reaches a prompt as plain text."""
+    runner, tower, _ = toy
+    query = tokenizer.from_list_format([{"image": str(IMAGES / "red_circle.png")}, {"text": "What is it?"}])
+    text = query.strip()  # a str operation on a Query gives plain text: Qwen-VL's query string
+    return {
+        "make_context's query": lambda: make_context(tokenizer, text),
+        "make_context's history": lambda: make_context(tokenizer, "And now?", history=[(text, "A red circle.")]),
+        "make_prompt's question": lambda: chat.make_prompt(tokenizer, text),
+        "ask_batch's question": lambda: chat.ask_batch(runner, tower, tokenizer, [([], text)], max_new_tokens=2),
+        "a Conversation's question": lambda: Conversation(runner, tower, tokenizer, settings=GREEDY).ask(text),
+        "qwen_infer's question": lambda: QWenInfer(runner, tower, tokenizer).qwen_infer([], text, max_new_tokens=2),
+    }
+
+
+@pytest.mark.parametrize(
+    "way",
+    [
+        "make_context's query",
+        "make_context's history",
+        "make_prompt's question",
+        "ask_batch's question",
+        "a Conversation's question",
+        "qwen_infer's question",
+    ],
+)
+def test_a_picture_written_as_plain_text_is_not_dropped_without_a_word(way, tokenizer, toy):
+    with pytest.warns(UserWarning, match=r"holds <img>…</img> as plain text: typed text never makes an image span"):
+        image_tags_as_text(tokenizer, toy)[way]()
+
+
+def test_text_without_a_whole_image_tag_or_a_query_warns_of_nothing(tokenizer):
+    query = tokenizer.from_list_format([{"image": "a.png"}, {"text": "What is it?"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for text in ("an <img> tag", "</img> before <img>", "<img" * 1000, query, query + " <img>b.png</img>"):
+            make_context(tokenizer, text)

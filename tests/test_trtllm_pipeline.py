@@ -104,7 +104,11 @@ def test_bad_arguments_are_refused_before_any_work(tiny_checkpoint, tmp_path, ca
     assert exit_info.value.code == 2 and "--image '" in (err := capsys.readouterr().err) and "': no such file" in err
     with pytest.raises(SystemExit) as exit_info:
         main(["--checkpoint", str(tmp_path / "nowhere"), "--image", str(IMAGE), "--workdir", str(tmp_path)])
-    assert exit_info.value.code == 2 and "--checkpoint '" in (err := capsys.readouterr().err) and "': no such folder" in err
+    assert (
+        exit_info.value.code == 2
+        and "--checkpoint '" in (err := capsys.readouterr().err)
+        and "': no such folder" in err
+    )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -7,12 +7,13 @@ so a test can read every option of every subcommand from its parser and know wha
 """
 
 import argparse
-import errno
 import math
 import os
 import re
 import stat
 from pathlib import Path
+
+from .values import unusable_path
 
 INT32_MAX = 2**31 - 1  # the default upper bound of a whole number: the engine keeps sizes and ids as int32
 SEED_MAX = 2**32 - 1  # random seeds: what every generator the package seeds accepts (numpy's legacy one included)
@@ -125,12 +126,7 @@ def _where(value: str):
     except FileNotFoundError:
         return None
     except OSError as err:
-        if err.errno == errno.ENAMETOOLONG:
-            longest = max(len(os.fsencode(part)) for part in Path(value).parts)
-            reason = f"a name of {longest} bytes in it is longer than the file system allows (255 bytes a name)"
-        else:
-            reason = err.strerror or str(err)
-        raise argparse.ArgumentTypeError(f"{value!r} cannot be used: {reason}") from None
+        raise argparse.ArgumentTypeError(f"{value!r} cannot be used: {unusable_path(value, err)}") from None
     except (ValueError, UnicodeError) as err:  # a NUL byte, a lone surrogate
         raise argparse.ArgumentTypeError(f"{value!r} is not a path this system can use ({err})") from None
 
