@@ -17,6 +17,7 @@ its other work.
 """
 
 import argparse
+import copy
 import ctypes
 import gc
 import importlib.util
@@ -29,21 +30,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import transformers
 
+from . import options
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
-from .checks import options
-from .checks.options import Parser
 from .checks.tensors import to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
 from .engine.cuda_graphs import KV_BUCKET
 from .engine.decode import BACKENDS, FAST_PATH
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
+from .options import Parser
 from .resources import images_dir
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
 from .toy import TOY_DIR
@@ -117,6 +118,13 @@ def parser() -> Parser:
         action="store_true",
         help="instead: time loading --model's engine directory with verify='none', 'quick' and 'full', the checksum "
         "throughput, and what that makes for a full-size Qwen-VL-Chat engine",
+    )
+    parser.add_argument(
+        "--chat-turns",
+        type=options.whole(1, 100_000),
+        nargs="+",
+        help="instead: seconds of one more turn of a piped chat (cat questions.txt | qwenvl-lab chat) after each of "
+        "these numbers of turns, on --model's engine built for 640 ids (the best of --repeats turns there)",
     )
     parser.add_argument("--json", type=options.output_file, help="write the results as JSON here")
     return parser
@@ -509,6 +517,53 @@ def integrity_cost(args: argparse.Namespace) -> dict:
     }
 
 
+CHAT_BUILD = BuildConfig(max_batch_size=1, max_input_len=640, max_seq_len=704, max_prompt_embedding_table_size=512)
+
+
+def chat_turn_cost(args: argparse.Namespace) -> dict:
+    """Seconds of one more turn of a text-only chat (questions piped in, each answered greedily in at most
+    --new-tokens tokens) after each of --chat-turns turns of history, on --model's engine with 640 ids a request (the
+    best of --repeats), each timed alternately with a turn after the fewest turns asked for, so that the ratio of the
+    two holds on a machine whose load changes."""
+    from .chat import Conversation, GenerationSettings  # noqa: PLC0415 — the answer path, for this measurement only
+    from .engine import load_engine_vision_tower  # noqa: PLC0415
+    from .tokenizing import load_tokenizer  # noqa: PLC0415
+
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        model, checkpoint = load_model(args, torch.device("cpu"), to_torch_dtype(args.dtype), Path(workdir))
+        if checkpoint is None:
+            raise ValueError("--chat-turns needs a checkpoint on disk: use --model toy or tiny, or --checkpoint DIR")
+        del model
+        engine = build_engine(checkpoint, Path(workdir) / "engine", replace(CHAT_BUILD, dtype=args.dtype))
+        runner = ModelRunner.from_dir(engine, device=device, backend=args.backend, cuda_graphs=args.cuda_graphs)
+        vision, tokenizer = load_engine_vision_tower(engine, device), load_tokenizer(engine)
+        talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=args.new_tokens))
+        shared = {id(runner): runner, id(vision): vision, id(tokenizer): tokenizer}  # what a copy of a chat shares
+
+        def turn(chat) -> float:
+            start = time.perf_counter()
+            chat.ask(f"Question {len(chat.history) + 1}: what is in the picture?")
+            synchronize(device)
+            return time.perf_counter() - start
+
+        first, turn_s, beside_s, left_out = None, {}, {}, {}
+        for mark in sorted(set(args.chat_turns)):
+            while len(talk.history) < mark:
+                turn(talk)
+            first = copy.deepcopy(talk, dict(shared)) if first is None else first
+            times = [(turn(talk), turn(copy.deepcopy(first, dict(shared)))) for _ in range(args.repeats)]
+            turn_s[mark], beside_s[mark] = min(t for t, _ in times), min(b for _, b in times)
+            left_out[mark] = talk.left_out
+    return {
+        "max_input_len": CHAT_BUILD.max_input_len,
+        "turn_s": turn_s,
+        "first_mark_turn_s": beside_s,  # a turn after the fewest turns, timed alternately with each mark's
+        "ratio_to_first_mark": {mark: turn_s[mark] / beside_s[mark] for mark in turn_s},
+        "left_out": left_out,
+    }
+
+
 def first_answer(args: argparse.Namespace) -> dict:
     """In this (fresh) process: seconds from making the engine (ModelRunner.from_model, then warm_up, as from_dir does
     on CUDA) to it being ready (load_s), and from then to the answer to one request (first_answer_s)."""
@@ -717,8 +772,9 @@ def main(argv=None) -> dict:
     if args.first_answer_child is not None:
         print(json.dumps(first_answer(args)))
         return {}
-    if args.integrity:
-        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
+    if args.integrity or args.chat_turns:
+        measured = integrity_cost(args) if args.integrity else chat_turn_cost(args)
+        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **measured}
         print(json.dumps(report, indent=2))
         return report
     try:

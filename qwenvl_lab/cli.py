@@ -11,8 +11,8 @@ import re
 import sys
 from pathlib import Path
 
-from .checks import options
-from .checks.options import Parser
+from . import options
+from .options import Parser
 
 # the one dispatch table: subcommand → (the function that runs it, as "module:function", one line of help). Each
 # module loads only when its subcommand runs; `doctor` and `lab` are the course's own commands (qwenvl_lab.course)

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 LAYERS = [
     ["checks"],
     ["files", "resources", "pictures"],
-    ["tokenizing", "fonts"],
+    ["tokenizing", "fonts", "options"],
     ["img_pos"],
     ["fake_ids"],
     ["prompt_table"],

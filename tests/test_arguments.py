@@ -4,7 +4,7 @@ silent fallback to a default.
 
 The subcommands come from the command line's one dispatch table (`cli.SUBCOMMANDS`) and their options from their own
 parsers (`cli.command_parser`), so a new subcommand or option is tried without a line here. What a value should get
-follows from the option's type (`qwenvl_lab.checks.options`): a whole number, a number, a device, a text, a picture,
+follows from the option's type (`qwenvl_lab.options`): a whole number, a number, a device, a text, a picture,
 a folder holding a file, a folder or a file to write, one of some choices, a command, a flag. An accepted value stops
 after parsing (parsing runs every check of the options, those that span several included: nothing runs); a refused
 one is tried again through `qwenvl-lab` itself (`cli.main`), which must refuse it the same way.
@@ -86,7 +86,7 @@ def expected(action, name: str) -> str:
         return "either" if name in FILES or name == "a missing path" else "accepted"
     raise AssertionError(
         f"{action.option_strings[0]} has type {kind_of!r}, which says nothing of what it accepts: give it a type from "
-        "qwenvl_lab.checks.options (or choices=)"
+        "qwenvl_lab.options (or choices=)"
     )
 
 

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..checks import options
-from ..checks.options import Parser
+from .. import options
+from ..options import Parser
 from ..resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
 from .notebooks import NOTEBOOKS
 

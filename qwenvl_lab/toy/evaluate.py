@@ -4,9 +4,9 @@ from collections import defaultdict
 
 import torch
 
+from .. import options
 from ..chat import ModelAsRunner, ask_batch
-from ..checks import options
-from ..checks.options import Parser
+from ..options import Parser
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .course import load_toy_model
 from .shapes import LANGS, QUESTION_KINDS, answer_matches, grounding_score, make_dataset, no_picture

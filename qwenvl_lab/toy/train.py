@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .. import options
 from ..checkpoint import check_checkpoint_target, save_checkpoint
-from ..checks import options
-from ..checks.options import Parser
 from ..checks.values import is_int, is_number
 from ..modeling import QWenLMHeadModel, QWenVLConfig
+from ..options import Parser
 from ..prompt_table import prompt_tuning_embedding, single_table_batch
 from ..resources import output_dir
 from ..tokenizing import IMAGE_END_ID, IMAGE_START_ID, load_tokenizer

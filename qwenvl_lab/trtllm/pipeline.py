@@ -21,12 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import chat
-from ..checks import options
-from ..checks.options import Parser
+from .. import chat, options
 from ..checks.tensors import dtype_name
 from ..files import field, read_json
 from ..limits import BuildConfig
+from ..options import Parser
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .build_command import run_trtllm_build, trtllm_build_command
 from .gpu import GPUStackError
