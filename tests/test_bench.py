@@ -119,3 +119,10 @@ def test_a_busy_machine_gets_one_line_of_advice(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--model", "tiny", "--batch", "1", "--new-tokens", "4", "--repeats", "1", "--no-eager"])
     assert exit_info.value.code == "qwenvl-lab bench: the machine is too busy to measure; rerun with more --repeats"
+
+
+def test_chat_turns_are_timed_beside_a_turn_after_the_fewest(capsys):
+    report = bench.main(["--model", "tiny", "--chat-turns", "3", "1", "--repeats", "2", "--new-tokens", "2"])
+    assert report["max_input_len"] == 640 and list(report["turn_s"]) == [1, 3]
+    assert report["ratio_to_first_mark"][3] == report["turn_s"][3] / report["first_mark_turn_s"][3]
+    assert report["left_out"] == {1: 0, 3: 0} and '"turn_s"' in capsys.readouterr().out
