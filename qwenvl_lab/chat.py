@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
 
 from .checks.tensors import INT32_MAX, dtype_name, to_torch_dtype
 from .checks.values import check_int
@@ -288,7 +287,7 @@ class ModelAsRunner(Runner):
         if not sampling.greedy:  # the engine's guards against knobs float32 rounds to 0 (requests.held_by)
             temperature = held_by(sampling.temperature, torch.float32)
             knobs = dict(do_sample=True, temperature=temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0)
-            knobs["logits_processor"] = LogitsProcessorList([SteadyLogits()])  # runs before the temperature
+            knobs["logits_processor"] = [SteadyLogits()]  # transformers runs it before the temperature
         if sampling.random_seed is not None:
             torch.manual_seed(sampling.random_seed)
         with torch.inference_mode():
@@ -322,9 +321,10 @@ class ModelAsRunner(Runner):
         return iter([(new, generated)])
 
 
-class SteadyLogits(LogitsProcessor):
-    """transformers' scores with each row's best at 0 (`requests.steady_logits`): the same draws, and no NaN when a
-    tiny temperature divides them."""
+class SteadyLogits:
+    """A logits processor for transformers' generate: the scores with each row's best at 0 (`requests.steady_logits`),
+    the same draws, and no NaN when a tiny temperature divides them (a plain callable: the TensorRT-LLM environment
+    imports this module without transformers 5)."""
 
     def __call__(self, input_ids, scores):
         return steady_logits(scores.float())
