@@ -22,6 +22,7 @@ far its residual stream after each layer and its logits drift from the float eng
 """
 
 import argparse
+import copy
 import ctypes
 import gc
 import importlib.util
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 import transformers
 from tqdm.auto import tqdm
 
-from . import files
+from . import files, options
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .checks.tensors import WEIGHT_ONLY, to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
@@ -51,6 +52,7 @@ from .engine.decode import BACKENDS, FAST_PATH
 from .engine.layers import matrix
 from .layout import to_trtllm_names
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
+from .options import Parser
 from .prompt_table import prompt_tuning_embedding
 from .resources import images_dir, machine
 from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
@@ -62,11 +64,13 @@ MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL
 IMAGES_DIR = images_dir()
 NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 JSON_WRITER = files.writer("bench --json", "the benchmark's results")
+MAX_THREADS = 1024  # --threads: more than any machine the benchmark runs on has cores
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line options."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab bench", description=__doc__.split("\n")[0])
+def parser() -> Parser:
+    """`qwenvl-lab bench`'s options."""
+
+    parser = Parser(prog="qwenvl-lab bench", description=__doc__.split("\n")[0], check=check_options)
     parser.add_argument(
         "--model",
         choices=MODELS,
@@ -74,17 +78,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="toy: data/toy-qwen-vl; tiny: a random tiny "
         "checkpoint; qwen-vl-chat: Qwen-VL-Chat's size with random weights, built on the device",
     )
-    parser.add_argument("--checkpoint", type=Path, help="use this checkpoint directory instead of --model's")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--checkpoint",
+        type=options.folder_with("config.json", "a Qwen-VL checkpoint directory"),
+        help="use this checkpoint directory instead of --model's",
+    )
+    parser.add_argument("--device", type=options.device, default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument(
         "--dtype",
         choices=("float32", "float16", "bfloat16"),
         help="engine and eager dtype (default float32 on cpu, float16 on cuda)",
     )
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request (default 32)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement, best kept (default 3)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--batch", type=options.whole(1), nargs="+", default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)"
+    )
+    parser.add_argument(
+        "--new-tokens", type=options.whole(2), default=32, help="tokens generated per request (default 32)"
+    )
+    parser.add_argument(
+        "--repeats", type=options.whole(1), default=3, help="timed runs per measurement, best kept (default 3)"
+    )
+    parser.add_argument("--threads", type=options.whole(1, MAX_THREADS), help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-eager", action="store_true", help="measure the engine only")
     parser.add_argument(
         "--backend",
@@ -107,18 +121,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--drift-steps",
-        type=int,
+        type=options.whole(1),
         help="with --weight-only: decode steps over which the logits' drift is measured (default 32, at most "
         "--new-tokens - 1)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=options.whole(0, options.SEED_MAX), default=0)
     parser.add_argument(
         "--first-answer",
         action="store_true",
         help="also time a fresh process's first answer: cold, then with the kernel choices the cold one "
         "tuned and saved (ModelRunner.warm_up), each from loading the engine to the answer",
     )
-    parser.add_argument("--first-answer-child", type=Path, help=argparse.SUPPRESS)  # the fresh process; its tuning file
+    # the fresh process of --first-answer; its tuning file
+    parser.add_argument("--first-answer-child", type=options.output_file, help=argparse.SUPPRESS)
     parser.add_argument(
         "--integrity",
         action="store_true",
@@ -134,53 +149,67 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--turns",
-        type=int,
+        type=options.whole(2, MAX_TURNS),
         help="turns of the --kv-cache-reuse chat, each re-sending the history (default 4)",
     )
     parser.add_argument(
-        "--json", type=Path, help="write the results as JSON here (a new file in a folder that exists, or --overwrite)"
+        "--chat-turns",
+        type=options.whole(1, 100_000),
+        nargs="+",
+        help="instead: seconds of one more turn of a piped chat (cat questions.txt | qwenvl-lab chat) after each of "
+        "these numbers of turns, on --model's engine built for 640 ids (the best of --repeats turns there)",
+    )
+    parser.add_argument(
+        "--json",
+        type=options.output_file,
+        help="write the results as JSON here (a new file in a folder that exists, or --overwrite)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_options(parser, args) -> None:
+    """The checks that span several of bench's options, each refused with parser.error; fills in --drift-steps' and
+    --turns' defaults."""
+    if args.model == "qwen-vl-chat" and args.checkpoint is None and torch.device(args.device).type != "cuda":
+        parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
     if args.json is not None:
         try:  # checked before the benchmark runs, not after
             files.check_destination(args.json, JSON_WRITER, folder=False, overwrite=args.overwrite, need_bytes=2**20)
         except (OSError, ValueError) as err:
             parser.error(f"--json {str(args.json)!r}: {err}")
-    if args.new_tokens < 2 or args.repeats < 1 or min(args.batch) < 1:
-        parser.error("--new-tokens must be >= 2, --repeats >= 1 and every --batch >= 1")
-    if args.drift_steps is None:
-        args.drift_steps = min(32, args.new_tokens - 1)
-    if not 1 <= args.drift_steps < args.new_tokens:
-        parser.error(f"--drift-steps must be >= 1 and below --new-tokens ({args.new_tokens}), got {args.drift_steps}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    if args.kv_cache_reuse and (args.integrity or args.first_answer):
-        parser.error("--kv-cache-reuse is a measurement of its own: leave out --integrity and --first-answer")
+    args.drift_steps = min(32, args.new_tokens - 1) if args.drift_steps is None else args.drift_steps
+    if args.drift_steps >= args.new_tokens:
+        parser.error(f"--drift-steps must be below --new-tokens ({args.new_tokens}), got {args.drift_steps}")
+    if args.weight_only is not None and args.backend == "numba":
+        parser.error(f"--backend numba reads float32 weights only: leave it out with --weight-only {args.weight_only}")
+    if args.weight_only is not None and args.first_answer:
+        parser.error("--first-answer times the float engine alone: run it without --weight-only")
+    check_reuse_options(parser, args)
+
+
+def check_reuse_options(parser, args) -> None:
+    """--kv-cache-reuse and --chat-turns are measurements of their own; --turns goes with --kv-cache-reuse."""
+    if args.kv_cache_reuse and (args.integrity or args.first_answer or args.chat_turns):
+        parser.error(
+            "--kv-cache-reuse is a measurement of its own: leave out --integrity, --first-answer, --chat-turns"
+        )
     if args.turns is not None and not args.kv_cache_reuse:
         parser.error("--turns sets the chat of --kv-cache-reuse: give both, or leave --turns out")
     args.turns = 4 if args.turns is None else args.turns
-    if not 2 <= args.turns <= MAX_TURNS:
-        parser.error(f"--turns must be a whole number in [2, {MAX_TURNS}], got {args.turns}")
     positions = QWenVLConfig().max_position_embeddings
     if args.kv_cache_reuse and chat_length(args.turns, args.new_tokens) > positions:
         parser.error(
             f"--turns {args.turns} with --new-tokens {args.new_tokens} make a chat of "
             f"{chat_length(args.turns, args.new_tokens)} ids, past Qwen-VL's {positions} positions: ask for fewer"
         )
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device!r}: use cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA GPU here")
-    if args.model == "qwen-vl-chat" and args.checkpoint is None and device.type != "cuda":
-        parser.error("--model qwen-vl-chat makes a 7.7-billion-parameter language model: run it with --device cuda")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options, checked, with the defaults that follow from the device filled in."""
+    args = parser().parse_args(argv)
+    device = torch.device(args.device)
     args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
-    if args.weight_only is not None and args.backend == "numba":
-        parser.error(f"--backend numba reads float32 weights only: leave it out with --weight-only {args.weight_only}")
-    if args.weight_only is not None and args.first_answer:
-        parser.error("--first-answer times the float engine alone: run it without --weight-only")
     fast = FAST_PATH.get(device.type, "torch")
     if args.weight_only is not None and fast == "numba":
         fast = "torch"  # both engines on one back end: the CPU's fast path reads no int8
@@ -563,6 +592,53 @@ def integrity_cost(args: argparse.Namespace) -> dict:
         "cpu_count": os.cpu_count(),
         "full_size_engine_bytes": FULL_SIZE_ENGINE_BYTES,
         "full_size_full_check_s": FULL_SIZE_ENGINE_BYTES / throughput,
+    }
+
+
+CHAT_BUILD = BuildConfig(max_batch_size=1, max_input_len=640, max_seq_len=704, max_prompt_embedding_table_size=512)
+
+
+def chat_turn_cost(args: argparse.Namespace) -> dict:
+    """Seconds of one more turn of a text-only chat (questions piped in, each answered greedily in at most
+    --new-tokens tokens) after each of --chat-turns turns of history, on --model's engine with 640 ids a request (the
+    best of --repeats), each timed alternately with a turn after the fewest turns asked for, so that the ratio of the
+    two holds on a machine whose load changes."""
+    from .chat import Conversation, GenerationSettings  # noqa: PLC0415 — the answer path, for this measurement only
+    from .engine import load_engine_vision_tower  # noqa: PLC0415
+    from .tokenizing import load_tokenizer  # noqa: PLC0415
+
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
+        model, checkpoint = load_model(args, torch.device("cpu"), to_torch_dtype(args.dtype), Path(workdir))
+        if checkpoint is None:
+            raise ValueError("--chat-turns needs a checkpoint on disk: use --model toy or tiny, or --checkpoint DIR")
+        del model
+        engine = build_engine(checkpoint, Path(workdir) / "engine", replace(CHAT_BUILD, dtype=args.dtype))
+        runner = ModelRunner.from_dir(engine, device=device, backend=args.backend, cuda_graphs=args.cuda_graphs)
+        vision, tokenizer = load_engine_vision_tower(engine, device), load_tokenizer(engine)
+        talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=args.new_tokens))
+        shared = {id(runner): runner, id(vision): vision, id(tokenizer): tokenizer}  # what a copy of a chat shares
+
+        def turn(chat) -> float:
+            start = time.perf_counter()
+            chat.ask(f"Question {len(chat.history) + 1}: what is in the picture?")
+            synchronize(device)
+            return time.perf_counter() - start
+
+        first, turn_s, beside_s, left_out = None, {}, {}, {}
+        for mark in sorted(set(args.chat_turns)):
+            while len(talk.history) < mark:
+                turn(talk)
+            first = copy.deepcopy(talk, dict(shared)) if first is None else first
+            times = [(turn(talk), turn(copy.deepcopy(first, dict(shared)))) for _ in range(args.repeats)]
+            turn_s[mark], beside_s[mark] = min(t for t, _ in times), min(b for _, b in times)
+            left_out[mark] = talk.left_out
+    return {
+        "max_input_len": CHAT_BUILD.max_input_len,
+        "turn_s": turn_s,
+        "first_mark_turn_s": beside_s,  # a turn after the fewest turns, timed alternately with each mark's
+        "ratio_to_first_mark": {mark: turn_s[mark] / beside_s[mark] for mark in turn_s},
+        "left_out": left_out,
     }
 
 
@@ -1181,8 +1257,9 @@ def main(argv=None) -> dict:
     if args.first_answer_child is not None:
         print(json.dumps(first_answer(args)))
         return {}
-    if args.integrity:
-        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **integrity_cost(args)}
+    if args.integrity or args.chat_turns:
+        measured = integrity_cost(args) if args.integrity else chat_turn_cost(args)
+        report = {"command": "python -m qwenvl_lab.bench " + shlex.join(argv), **measured}
         print(json.dumps(report, indent=2))
         return report
     if args.kv_cache_reuse:

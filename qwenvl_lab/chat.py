@@ -32,8 +32,10 @@ from .requests import (
     Runner,
     SamplingConfig,
     ends_with_stop_word,
+    held_by,
     new_tokens,
     room_for_answer,
+    steady_logits,
 )
 from .tokenizing import (
     ENDOFTEXT_ID,
@@ -43,7 +45,9 @@ from .tokenizing import (
     IMG_TOKEN_SPAN,
     Query,
     QWenTokenizer,
+    history_turn,
     make_context,
+    warn_image_tags_as_text,
 )
 
 SYSTEM = "You are a helpful assistant."
@@ -92,6 +96,7 @@ def make_prompt(
     """(query, context ids) of one chat turn: the pictures, then the question, after the history's turns (`names`:
     what each picture's span holds, default `picture_name`). The query is a PictureQuery: it carries the pictures."""
     pictures = list(pictures)
+    warn_image_tags_as_text(question, "the question", "give the picture in pictures=[…]")
     names = [picture_name(p, k + 1) for k, p in enumerate(pictures)] if names is None else names
     listed = tokenizer.from_list_format([*({"image": name} for name in names), {"text": question}])
     query = _picture_query(listed.segments, pictures)
@@ -147,7 +152,9 @@ def engine_inputs(
     vision=None and no input_vit the image spans keep their paths, for a runner that reads pictures itself
     (`ModelAsRunner`: Qwen-VL's original way).
     """
-    history = [] if history is None else list(history)
+    history, questions = [] if history is None else list(history), list(questions)
+    if not questions:
+        raise ValueError("no questions: give at least one (pictures, question) pair, e.g. [([path], '图片里是什么？')]")
     turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
     earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
     pictures = [p for query, ids in turns for p in context_pictures(query.pictures, earlier, ids)]  # in span order
@@ -249,12 +256,18 @@ def ask(
     max_new_tokens: int = 64,
     **sampling,
 ) -> tuple[str, list]:
-    """Answer `question` about `pictures` (paths or images, may be empty) after `history`: (answer, new history)."""
+    """Answer `question` about `pictures` (paths or images, may be empty) after `history`: (answer, new history).
+
+    With a vision encoder each picture is read once, here, and the new turn keeps it as read (its span still names
+    its path): a later turn shows it as this one did, whatever its file holds by then, as a Conversation does. With
+    vision=None the model reads every picture from its path in every turn (Qwen-VL's original way)."""
     pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
     history = [] if history is None else list(history)
-    query, _ = make_prompt(tokenizer, question, pictures, history, system)
+    seen = pictures if vision is None else [load_image(p) for p in pictures]
+    names = [picture_name(p, k + 1) for k, p in enumerate(pictures)]
+    query, _ = make_prompt(tokenizer, question, seen, history, system, names=names)
     [answer] = ask_batch(
-        runner, vision, tokenizer, [(pictures, question)], history, system, max_new_tokens=max_new_tokens, **sampling
+        runner, vision, tokenizer, [(seen, question)], history, system, max_new_tokens=max_new_tokens, **sampling
     )
     return answer, history + [(query, answer)]
 
@@ -311,13 +324,11 @@ class ModelAsRunner(Runner):
                 tasks=torch.tensor(request.tasks, dtype=torch.int32, device=device),
                 task_vocab_size=request.task_vocab_size,
             )
-        knobs = (
-            dict(do_sample=False)
-            if sampling.greedy
-            else dict(
-                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0
-            )
-        )
+        knobs = dict(do_sample=False)
+        if not sampling.greedy:  # the engine's guards against knobs float32 rounds to 0 (requests.held_by)
+            temperature = held_by(sampling.temperature, torch.float32)
+            knobs = dict(do_sample=True, temperature=temperature, top_k=sampling.top_k, top_p=sampling.top_p or 1.0)
+            knobs["logits_processor"] = [SteadyLogits()]  # transformers runs it before the temperature
         if sampling.random_seed is not None:
             torch.manual_seed(sampling.random_seed)
         with torch.inference_mode():
@@ -345,6 +356,15 @@ class ModelAsRunner(Runner):
             ends = (t for t in range(1, len(tail) + 1) if ends_with_stop_word(tail[:t], words))
             generated[r, 0] = next(ends, len(tail))
         return iter([(new, generated)])
+
+
+class SteadyLogits:
+    """A logits processor for transformers' generate: the scores with each row's best at 0 (`requests.steady_logits`),
+    the same draws, and no NaN when a tiny temperature divides them (a plain callable: the TensorRT-LLM environment
+    imports this module without transformers 5)."""
+
+    def __call__(self, input_ids, scores):
+        return steady_logits(scores.float())
 
 
 @dataclass(frozen=True)
@@ -438,8 +458,12 @@ def prompt_limits(runner) -> tuple[int, int | None]:
 class Conversation:
     """A multi-turn chat about pictures on one runner: the history is kept (within max_window_size, as make_context
     does, and within what the engine accepts: the oldest turns are left out first, `left_out` says how many), each
-    picture's input_vit is computed once and reused while its content stays the same, answers can stream. A turn the
-    engine refuses changes nothing."""
+    picture's input_vit is computed once and reused while its content stays the same and a turn that shows it can
+    still return, answers can stream. A turn the engine refuses changes nothing.
+
+    A turn costs the same after 50 turns as after 1600: turns that no later prompt can hold (even after the shortest
+    question, the turns after them fill the engine) are never looked at again, their pictures' features are let go,
+    and each turn's size is counted once, when it joins the history."""
 
     def __init__(
         self,
@@ -460,6 +484,10 @@ class Conversation:
         self.pictures: list = []  # every picture given, in order
         self.left_out = 0  # history turns the last question's prompt left out, the oldest, to fit the engine
         self._keys: list = []  # the picture_key of each picture of each turn, as it was when given
+        self._sizes: list = []  # (ids, image spans) of each turn as make_context lays it out in a prompt
+        self._first = 0  # the first turn a prompt may still hold: every turn before it is out for good
+        self._held = [0, 0]  # (ids, image spans) of the turns from _first on
+        self._users: dict = {}  # picture_key → how many pictures of the turns from _first on show it
 
     def ask(self, question: str, pictures=(), **overrides) -> str:
         """The answer to `question` about `pictures` (paths or images, added to the conversation)."""
@@ -519,27 +547,61 @@ class Conversation:
             close = getattr(steps, "close", None)
             if close is not None:
                 close()
-            self.history.append((query, total[:shown]))
-            self._keys.append(keys)
+            self._add_turn(query, total[:shown], keys)
+
+    def _add_turn(self, query, answer: str, keys) -> None:
+        """Join a turn to the history, its size counted once (a turn's ids do not depend on the turns around it)."""
+        ids = self.tokenizer.encode_query(history_turn(query, answer))
+        self.history.append((query, answer))
+        self._keys.append(keys)
+        self._sizes.append((len(ids), ids.count(IMAGE_START_ID)))
+        self._held = [self._held[0] + len(ids), self._held[1] + ids.count(IMAGE_START_ID)]
+        for key in keys:
+            self._users[key] = self._users.get(key, 0) + 1
+        self._forget_turns_out_for_good(*prompt_limits(self.runner))
+
+    def _forget_turns_out_for_good(self, most_ids: int, most_rows: int | None) -> None:
+        """Move `_first` past the turns no prompt can hold again: a prompt that holds a turn holds every later one, so
+        once the later ones and the shortest question fill the engine, the turn never returns (the history only
+        grows). Their pictures' features go, unless a later turn shows the same picture."""
+        shortest = len(make_prompt(self.tokenizer, "", (), None, self.system)[1])  # no question, no picture
+        while self._first < len(self.history) and (
+            shortest + self._held[0] > most_ids
+            or (most_rows is not None and self._held[1] * IMG_TOKEN_SPAN > most_rows)
+        ):
+            size, spans = self._sizes[self._first]
+            self._held = [self._held[0] - size, self._held[1] - spans]
+            for key in self._keys[self._first]:
+                self._users[key] -= 1
+                if not self._users[key]:
+                    del self._users[key]
+                    self.features.pop(key, None)
+            self._first += 1
 
     def _fit(self, question: str, pictures, names, max_window_size: int):
         """(query, context ids, first history turn kept) of the prompt with the most recent history turns that the
         runner accepts (make_context's max_window_size applies as well); a ValueError when not even the question
-        alone fits."""
+        alone fits. The search goes on from the first turn that can still return, adding up the turns' sizes."""
         most_ids, most_rows = prompt_limits(self.runner)
-        for start in range(len(self.history) + 1):
-            query, ids = make_prompt(
-                self.tokenizer, question, pictures, self.history[start:], self.system, max_window_size, names
+        query, alone = make_prompt(self.tokenizer, question, pictures, None, self.system, max_window_size, names)
+        rows = alone.count(IMAGE_START_ID) * IMG_TOKEN_SPAN
+        if len(alone) > most_ids or (most_rows is not None and rows > most_rows):
+            raise ValueError(
+                f"this question with its {len(pictures)} picture(s) needs {len(alone)} ids and {rows} prompt-table "
+                f"rows, but the engine takes at most {most_ids} ids"
+                + ("" if most_rows is None else f" and {most_rows} rows ({most_rows // IMG_TOKEN_SPAN} pictures)")
+                + " per question: ask with fewer pictures or a shorter question, or rebuild the engine with larger "
+                "limits"
             )
-            rows = ids.count(IMAGE_START_ID) * IMG_TOKEN_SPAN
-            if len(ids) <= most_ids and (most_rows is None or rows <= most_rows):
-                return query, ids, start
-        raise ValueError(
-            f"this question with its {len(pictures)} picture(s) needs {len(ids)} ids and {rows} prompt-table rows, "
-            f"but the engine takes at most {most_ids} ids"
-            + ("" if most_rows is None else f" and {most_rows} rows ({most_rows // IMG_TOKEN_SPAN} pictures)")
-            + " per question: ask with fewer pictures or a shorter question, or rebuild the engine with larger limits"
+        start, (size, spans) = self._first, self._held
+        while len(alone) + size > most_ids or (most_rows is not None and rows + spans * IMG_TOKEN_SPAN > most_rows):
+            size, spans = size - self._sizes[start][0], spans - self._sizes[start][1]
+            start += 1
+        # make_context keeps the same turns or fewer (max_window_size), newest first: a prompt the runner accepts
+        query, ids = make_prompt(
+            self.tokenizer, question, pictures, self.history[start:], self.system, max_window_size, names
         )
+        return query, ids, start
 
 
 def _cut_at_stop(text: str, stop, ended: bool) -> tuple[str, bool, int]:

@@ -13,7 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from . import files
+from . import files, options
+from .options import Parser
 
 # the one dispatch table: subcommand → (the function that runs it, as "module:function", one line of help). Each
 # module loads only when its subcommand runs; `doctor` and `lab` are the course's own commands (qwenvl_lab.course)
@@ -44,95 +45,77 @@ SUBCOMMANDS = {
 }
 
 
+CHECKPOINT = options.folder_with("config.json", "a Qwen-VL checkpoint directory")
+ENGINE = options.folder_with("manifest.json", "an engine directory (qwenvl-lab build's)")  # written last
+
+
 def command_function(name: str):
     """The function that runs subcommand `name` (its module imported now)."""
     module, _, function = SUBCOMMANDS[name][0].partition(":")
     return getattr(importlib.import_module(module), function)
 
 
-def count(low: int, high: int | None = None):
-    """An argparse type: a whole number >= low (and <= high, when given)."""
-    bounds = f">= {low}" if high is None else f"from {low} to {high}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be a whole number {bounds}, got {text!r}")
-        return value
-
-    parse.__name__ = f"whole number {bounds}"
-    return parse
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The argument parser of subcommand `name`: its module's function named as the one that runs it, with `parser`
+    for `main` (ask_main → ask_parser, main → parser). Parsing a list with it checks every option as running the
+    subcommand does, and runs nothing."""
+    module, _, function = SUBCOMMANDS[name][0].partition(":")
+    return getattr(importlib.import_module(module), function.replace("main", "parser"))()
 
 
-def device(text: str) -> str:
-    """An argparse type: a torch device this machine has (cpu, or cuda with a CUDA GPU)."""
-    import torch
+def ask_parser() -> Parser:
+    """`qwenvl-lab ask`'s options."""
 
-    try:
-        kind = torch.device(text).type
-    except (RuntimeError, ValueError):
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu or cuda")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: torch sees no CUDA GPU here; use cpu")
-    return text
+    def check(parser, args):
+        if args.engine is not None and args.checkpoint is not None:
+            parser.error("--engine and --checkpoint both given: give one of them")
 
-
-class Parser(argparse.ArgumentParser):
-    """argparse, whose errors about an option name it as typed: `--max-new-tokens must be …`."""
-
-    def error(self, message: str):
-        super().error(re.sub(r"^argument (\S+): ", r"\1 ", message))
-
-
-def picture_file(parser: argparse.ArgumentParser, option: str, path: str) -> Path:
-    """A picture's path, refused at once (with the option's name) when there is no file there."""
-    if Path(path).is_dir():
-        parser.error(f"{option} {path!r} is a folder, not a picture: give a PNG or JPEG file")
-    if not Path(path).is_file():
-        parser.error(f"picture not found: {path!r}")
-    return Path(path)
+    parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__, check=check)
+    parser.add_argument(
+        "--image", type=options.picture, action="append", default=[], help="a picture file (repeat for several)"
+    )
+    parser.add_argument(
+        "--question", type=options.text, default="图片里是什么？", help="the question (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--engine", type=ENGINE, help="an engine directory (build_engine's); default: the course's model, eager"
+    )
+    parser.add_argument(
+        "--checkpoint", type=CHECKPOINT, help="a Qwen-VL checkpoint directory (default: the shipped toy model)"
+    )
+    parser.add_argument(
+        "--device", type=options.device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=options.whole(1),
+        default=64,
+        help="the most tokens the answer may have (default: %(default)s)",
+    )
+    return parser
 
 
 def ask_main(argv=None) -> int:
     """`qwenvl-lab ask`: one question about zero or more pictures, answered greedily."""
-    parser = Parser(prog="qwenvl-lab ask", description=ask_main.__doc__)
-    parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
-    parser.add_argument("--question", default="图片里是什么？", help="the question (default: %(default)s)")
-    parser.add_argument("--engine", help="an engine directory (build_engine's); default: the course's model, eager")
-    parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument(
-        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=count(1), default=64, help="the most tokens the answer may have (default: %(default)s)"
-    )
-    args = parser.parse_args(argv)
-    if args.engine and args.checkpoint:
-        parser.error("give --engine or --checkpoint, not both")
-    images = [str(picture_file(parser, "--image", image)) for image in args.image]
+    args = ask_parser().parse_args(argv)
     from . import chat
     from .tokenizing import load_tokenizer
 
-    if args.engine:
+    if args.engine is not None:
         from .infer import QWenInfer
 
         infer = QWenInfer.from_dir(args.engine, device=args.device)
-        answer, _ = infer.qwen_infer(images, args.question, max_new_tokens=args.max_new_tokens)
+        answer, _ = infer.qwen_infer(args.image, args.question, max_new_tokens=args.max_new_tokens)
     else:
         from .toy import default_checkpoint_dir, load_course_model
 
-        checkpoint = args.checkpoint or default_checkpoint_dir()
+        checkpoint = default_checkpoint_dir() if args.checkpoint is None else args.checkpoint
         model = load_course_model(checkpoint, device=args.device)
         answer, _ = chat.ask(
             chat.ModelAsRunner(model),
             model.transformer.visual,
             load_tokenizer(checkpoint),
-            images,
+            args.image,
             args.question,
             max_new_tokens=args.max_new_tokens,
         )
@@ -216,18 +199,19 @@ def answer_turn(talk, line: str, pictures, left_out: int, boxes_dir: Path, write
     return left_out
 
 
-def chat_main(argv=None, read=input, write=print) -> int:
-    """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
-    and saved as a PNG file (turn-N.png, never over an earlier one)."""
+def chat_parser() -> Parser:
+    """`qwenvl-lab chat`'s options."""
     parser = Parser(
         prog="qwenvl-lab chat",
         description=chat_main.__doc__,
         epilog=CHAT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--engine", help="an engine directory (default: the course's engine, built on first use)")
     parser.add_argument(
-        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+        "--engine", type=ENGINE, help="an engine directory (default: the course's engine, built on first use)"
+    )
+    parser.add_argument(
+        "--device", type=options.device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
     )
     parser.add_argument(
         "--sample",
@@ -235,9 +219,14 @@ def chat_main(argv=None, read=input, write=print) -> int:
         help="sample with the engine's generation_config.json (Qwen-VL-Chat: top_p 0.3); default greedy",
     )
     parser.add_argument(
-        "--max-new-tokens", type=count(1), default=128, help="the most tokens an answer may have (default: %(default)s)"
+        "--max-new-tokens",
+        type=options.whole(1),
+        default=128,
+        help="the most tokens an answer may have (default: %(default)s)",
     )
-    parser.add_argument("--boxes", type=Path, help="where pictures with boxes go (default: course-output/chat/)")
+    parser.add_argument(
+        "--boxes", type=options.output_folder, help="where pictures with boxes go (default: course-output/chat/)"
+    )
     parser.add_argument(
         "--kv-cache-reuse",
         action=argparse.BooleanOptionalAction,
@@ -245,9 +234,13 @@ def chat_main(argv=None, read=input, write=print) -> int:
         help="reuse the KV cache of the history each turn re-sends, its blocks keyed by ids and each picture's "
         "pixels (default: on)",
     )
-    args = parser.parse_args(argv)
-    if args.boxes is not None and args.boxes.exists() and not args.boxes.is_dir():
-        parser.error(f"--boxes {str(args.boxes)!r} is a file: give a folder for the pictures with boxes")
+    return parser
+
+
+def chat_main(argv=None, read=input, write=print) -> int:
+    """`qwenvl-lab chat`: a conversation with an engine in the terminal; each answer's boxes are drawn on its picture
+    and saved as a PNG file (turn-N.png, never over an earlier one)."""
+    args = chat_parser().parse_args(argv)
     if read is input and (sys.stdin is None or sys.stdin.closed):
         raise ValueError(CLOSED_STDIN)
     from .chat import Conversation, GenerationSettings
@@ -255,12 +248,14 @@ def chat_main(argv=None, read=input, write=print) -> int:
     from .resources import output_dir
     from .toy import course_engine
 
-    infer = QWenInfer.from_dir(args.engine or course_engine(), device=args.device, kv_cache_reuse=args.kv_cache_reuse)
+    infer = QWenInfer.from_dir(
+        course_engine() if args.engine is None else args.engine, device=args.device, kv_cache_reuse=args.kv_cache_reuse
+    )
     settings = GenerationSettings.from_dir(
         infer.runner.engine_dir, do_sample=args.sample, max_new_tokens=args.max_new_tokens
     )
     talk = Conversation(infer.runner, infer.vision, infer.tokenizer, settings=settings)
-    boxes_dir = args.boxes or output_dir() / "chat"
+    boxes_dir = output_dir() / "chat" if args.boxes is None else args.boxes
     pictures, left_out = [], 0
     write(CHAT_HELP)
     while True:
@@ -291,21 +286,39 @@ def chat_main(argv=None, read=input, write=print) -> int:
             pictures = []
 
 
-def build_main(argv=None) -> int:
-    """`qwenvl-lab build`: a checkpoint's engine directory, with the limits trtllm-build would fix."""
-    parser = Parser(prog="qwenvl-lab build", description=build_main.__doc__)
-    parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--engine", required=True, help="the engine directory to write (new, empty, or --overwrite)")
-    parser.add_argument("--max-batch-size", type=count(1), default=4)
-    parser.add_argument("--max-input-len", type=count(1), default=640)
-    parser.add_argument("--max-seq-len", type=count(1), default=704)
+def build_parser() -> Parser:
+    """`qwenvl-lab build`'s options."""
+
+    def check(parser, args):
+        from .tokenizing import IMG_TOKEN_SPAN
+
+        most = args.max_input_len // (IMG_TOKEN_SPAN + 2)
+        if args.images_per_request > most:
+            parser.error(
+                f"--images-per-request {args.images_per_request}: a request of --max-input-len {args.max_input_len} "
+                f"ids holds at most {most} pictures ({IMG_TOKEN_SPAN + 2} ids each)"
+            )
+
+    parser = Parser(prog="qwenvl-lab build", description=build_main.__doc__, check=check)
+    parser.add_argument(
+        "--checkpoint", type=CHECKPOINT, help="a Qwen-VL checkpoint directory (default: the shipped toy model)"
+    )
+    parser.add_argument(
+        "--engine",
+        type=options.output_folder,
+        required=True,
+        help="the engine directory to write (new, empty, or --overwrite)",
+    )
+    parser.add_argument("--max-batch-size", type=options.whole(1), default=4)
+    parser.add_argument("--max-input-len", type=options.whole(1), default=640)
+    parser.add_argument("--max-seq-len", type=options.whole(1), default=704)
     parser.add_argument(
         "--images-per-request",
-        type=count(0),
+        type=options.whole(0),
         default=2,
         help="sets --max_prompt_embedding_table_size = rows a picture (256) × this × max batch size (0: text only)",
     )
-    parser.add_argument("--max-beam-width", type=count(1), default=1)
+    parser.add_argument("--max-beam-width", type=options.whole(1), default=1)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     parser.add_argument(
         "--weight-only",
@@ -314,20 +327,16 @@ def build_main(argv=None) -> int:
         "--weight_only_precision int8); activations, KV cache, embedding and lm_head stay in --dtype",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an engine built earlier in --engine")
-    args = parser.parse_args(argv)
-    if not args.engine.strip():
-        parser.error("--engine is empty: give the directory to write the engine to, e.g. --engine ./engine")
+    return parser
+
+
+def build_main(argv=None) -> int:
+    """`qwenvl-lab build`: a checkpoint's engine directory, with the limits trtllm-build would fix."""
+    args = build_parser().parse_args(argv)
     from .engine import BuildConfig, build_engine
     from .limits import prompt_table_size
-    from .tokenizing import IMAGE_IDS
     from .toy import default_checkpoint_dir
 
-    most = args.max_input_len // IMAGE_IDS
-    if args.images_per_request > most:
-        parser.error(
-            f"--images-per-request {args.images_per_request}: a request of --max-input-len {args.max_input_len} ids "
-            f"holds at most {most} pictures ({IMAGE_IDS} ids each)"
-        )
     config = BuildConfig(
         max_batch_size=args.max_batch_size,
         max_input_len=args.max_input_len,
@@ -341,47 +350,20 @@ def build_main(argv=None) -> int:
         if args.images_per_request
         else 0,
     )
-    engine_dir = build_engine(
-        args.checkpoint or default_checkpoint_dir(), args.engine, config, overwrite=args.overwrite
-    )
+    checkpoint = default_checkpoint_dir() if args.checkpoint is None else args.checkpoint
+    engine_dir = build_engine(checkpoint, args.engine, config, overwrite=args.overwrite)
     print(f"engine written to {engine_dir}")
     return 0
 
 
-def folder_option(parser: argparse.ArgumentParser, option: str, path, what: str) -> Path | None:
-    """A folder given to `option`, refused at once (with the option's name) when there is no folder there."""
-    if path is None:
-        return None
-    if not str(path).strip():
-        parser.error(f"{option} is empty: give {what}")
-    if Path(path).is_file():
-        parser.error(f"{option} {str(path)!r} is a file: give {what}")
-    if not Path(path).is_dir():
-        parser.error(f"{option} {str(path)!r} not found: give {what}")
-    return Path(path)
-
-
-def file_option(parser: argparse.ArgumentParser, option: str, path, what: str) -> Path | None:
-    """A file given to `option`, refused at once (with the option's name) when there is no file there."""
-    if path is None:
-        return None
-    if Path(path).is_dir():
-        parser.error(f"{option} {str(path)!r} is a folder: give {what}")
-    if not Path(path).is_file():
-        parser.error(f"{option} {str(path)!r} not found: give {what}")
-    return Path(path)
-
-
-def check_dump_sources(parser: argparse.ArgumentParser, engine, checkpoint, onnx) -> None:
-    """Refuse, naming the option, an engine, checkpoint or ONNX graph that cannot be read, before any work."""
+def check_dump_sources(parser: argparse.ArgumentParser, engine, checkpoint) -> None:
+    """Refuse, naming the option, an engine or checkpoint that cannot be read, before any work."""
     from .checkpoint import load_config
     from .engine import load_engine_config
-    from .trtllm.vision_graph import onnx_image_size
 
     checks = (
         ("--engine", engine, lambda: load_engine_config(engine, verify="quick")),
         ("--checkpoint", checkpoint, lambda: load_config(checkpoint)),
-        ("--vision-onnx", onnx, lambda: onnx_image_size(onnx)),
     )
     for option, given, read in checks:
         if given is None:
@@ -392,14 +374,46 @@ def check_dump_sources(parser: argparse.ArgumentParser, engine, checkpoint, onnx
             parser.error(f"{option} {str(given)!r} cannot be used: {one_line(err)}")
 
 
-def dump_main(argv=None) -> int:
-    """`qwenvl-lab dump`: one answer from the package's eager model or engine, every stage recorded in a dump."""
-    parser = Parser(prog="qwenvl-lab dump", description=dump_main.__doc__)
-    parser.add_argument("--image", action="append", default=[], help="a picture file (repeat for several)")
-    parser.add_argument("--question", default="图片里是什么？", help="the question (default: %(default)s)")
-    parser.add_argument("--output", required=True, help="the dump to write (a new .safetensors file, or --overwrite)")
-    parser.add_argument("--engine", help="an engine directory (build's); default: the eager model of --checkpoint")
-    parser.add_argument("--checkpoint", help="a Qwen-VL checkpoint directory (default: the course's model)")
+def onnx_image_size(path: Path) -> int:
+    """The picture size an exported vision graph takes (reads the ONNX file: torch and onnx load on first use)."""
+    from .trtllm.vision_graph import onnx_image_size as read
+
+    return read(path)
+
+
+def dump_parser() -> Parser:
+    """`qwenvl-lab dump`'s options."""
+
+    def check(parser, args):
+        if args.engine is not None and args.checkpoint is not None:
+            parser.error("--engine and --checkpoint both given: give one of them")
+        if args.backend is not None and args.engine is None:
+            parser.error("--backend chooses an engine's decode back end: give --engine too")
+        if args.dtype is not None and args.engine is not None:
+            parser.error("--dtype is the eager model's: an engine computes in the dtype it was built in")
+        from .dump import check_dump_target
+
+        try:
+            check_dump_target(args.output, args.overwrite)
+        except (OSError, ValueError) as err:
+            parser.error(f"--output {one_line(err)}")
+        check_dump_sources(parser, args.engine, args.checkpoint)
+
+    parser = Parser(prog="qwenvl-lab dump", description=dump_main.__doc__, check=check)
+    parser.add_argument(
+        "--image", type=options.picture, action="append", default=[], help="a picture file (repeat for several)"
+    )
+    parser.add_argument(
+        "--question", type=options.text, default="图片里是什么？", help="the question (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--output",
+        type=options.output_file,
+        required=True,
+        help="the dump to write (a new .safetensors file, or --overwrite)",
+    )
+    parser.add_argument("--engine", type=ENGINE, help="an engine directory (build's); default: the eager model")
+    parser.add_argument("--checkpoint", type=CHECKPOINT, help="a Qwen-VL checkpoint directory (default: the course's)")
     parser.add_argument(
         "--backend", choices=("torch", "numba", "triton"), help="the engine's decode back end (default: torch)"
     )
@@ -408,73 +422,76 @@ def dump_main(argv=None) -> int:
         choices=("float32", "float16", "bfloat16"),
         help="the eager model's dtype (default: float32; an engine's is the one it was built in)",
     )
-    parser.add_argument("--vision-onnx", help="run the vision tower as this exported ONNX graph in ONNX Runtime")
+    parser.add_argument(
+        "--vision-onnx",
+        type=options.input_file("an ONNX graph of the vision tower", read=onnx_image_size),
+        help="run the vision tower as this exported ONNX graph in ONNX Runtime",
+    )
     parser.add_argument("--layers", action="store_true", help="also record every decoder layer's output")
     parser.add_argument(
-        "--max-new-tokens", type=count(1), default=16, help="the most tokens the answer may have (default: %(default)s)"
+        "--max-new-tokens",
+        type=options.whole(1),
+        default=16,
+        help="the most tokens the answer may have (default: %(default)s)",
     )
     parser.add_argument(
         "--sample",
         action="store_true",
         help="sample with the checkpoint's or engine's generation_config.json, as run.py does; default greedy",
     )
-    parser.add_argument("--seed", type=count(0, 2**63 - 1), default=0, help="the seed with --sample (default: 0)")
     parser.add_argument(
-        "--device", type=device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
+        "--seed", type=options.whole(0, options.SEED_MAX), default=0, help="the seed with --sample (default: 0)"
+    )
+    parser.add_argument(
+        "--device", type=options.device, default="cpu", help="cpu, or cuda for an NVIDIA GPU (default: %(default)s)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a dump written earlier at --output")
-    args = parser.parse_args(argv)
-    if args.engine is not None and args.checkpoint is not None:
-        parser.error("give --engine or --checkpoint, not both")
-    if args.backend is not None and args.engine is None:
-        parser.error("--backend chooses an engine's decode back end: give --engine too")
-    if args.dtype is not None and args.engine is not None:
-        parser.error("--dtype is the eager model's: an engine computes in the dtype it was built in")
-    engine = folder_option(parser, "--engine", args.engine, "an engine directory (qwenvl-lab build writes one)")
-    checkpoint = folder_option(parser, "--checkpoint", args.checkpoint, "a Qwen-VL checkpoint directory")
-    onnx = file_option(parser, "--vision-onnx", args.vision_onnx, "an ONNX file of the vision tower")
-    images = [str(picture_file(parser, "--image", image)) for image in args.image]
-    from .dump import check_dump_target
+    return parser
 
-    try:
-        output = check_dump_target(args.output, args.overwrite)
-    except (OSError, ValueError) as err:
-        parser.error(f"--output {one_line(err)}")
-    check_dump_sources(parser, engine, checkpoint, onnx)
+
+def dump_main(argv=None) -> int:
+    """`qwenvl-lab dump`: one answer from the package's eager model or engine, every stage recorded in a dump."""
+    args = dump_parser().parse_args(argv)
     from .stage_dumps import implementation_dump
 
     recorder = implementation_dump(
-        images,
+        [str(image) for image in args.image],
         args.question,
-        checkpoint=checkpoint,
-        engine=engine,
+        checkpoint=args.checkpoint,
+        engine=args.engine,
         backend=args.backend or "torch",
         dtype=args.dtype or "float32",
         device=args.device,
-        vision_onnx=onnx,
+        vision_onnx=args.vision_onnx,
         layers=args.layers,
         max_new_tokens=args.max_new_tokens,
         sample=args.sample,
         seed=args.seed,
     )
-    print(f"dump written to {recorder.save(output, overwrite=args.overwrite)} ({len(recorder.tensors)} stages)")
+    print(f"dump written to {recorder.save(args.output, overwrite=args.overwrite)} ({len(recorder.tensors)} stages)")
     return 0
+
+
+def diff_parser() -> Parser:
+    """`qwenvl-lab diff`'s arguments."""
+    parser = Parser(prog="qwenvl-lab diff", description=diff_main.__doc__)
+    dump = options.input_file("a dump file (.safetensors, qwenvl-lab dump's)")
+    parser.add_argument("a", metavar="A", type=dump, help="the reference dump (.safetensors)")
+    parser.add_argument("b", metavar="B", type=dump, help="the dump compared with it")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    return parser
 
 
 def diff_main(argv=None) -> int:
     """`qwenvl-lab diff A B`: two per-stage dumps compared stage by stage (B against A); exit status 1 when a stage
     diverges, 0 when none does."""
-    parser = Parser(prog="qwenvl-lab diff", description=diff_main.__doc__)
-    parser.add_argument("a", metavar="A", help="the reference dump (.safetensors)")
-    parser.add_argument("b", metavar="B", help="the dump compared with it")
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    parser = diff_parser()
     args = parser.parse_args(argv)
-    paths = [file_option(parser, name, path, "a dump file") for name, path in (("A", args.a), ("B", args.b))]
     from .dump import read_dump
     from .stagediff import compare, report
 
     dumps = []
-    for name, path in zip("AB", paths):
+    for name, path in zip("AB", (args.a, args.b)):
         try:
             dumps.append(read_dump(path))
         except (OSError, ValueError) as err:

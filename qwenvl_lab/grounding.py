@@ -293,9 +293,22 @@ def _picture_size(picture) -> tuple[int, int]:
     return load_image(picture).size
 
 
-def parse_boxes(source, tokenizer=None, *, picture=None, strict=True) -> list[Box]:
-    """Every box of ids, a Query or text, scaled to the latest picture before it (or to `picture`)."""
+def _passed(pictures) -> set[str]:
+    """The picture paths a caller passes (NFC, as image spans write them), which an `<img>` of text or ids may name."""
+    if pictures is None:
+        return set()
+    if isinstance(pictures, (str, os.PathLike)) or not all(isinstance(p, (str, os.PathLike)) for p in pictures):
+        raise TypeError(f"pictures must be a list of picture paths, got {pictures!r:.80}")
+    return {unicodedata.normalize("NFC", os.fspath(p)) for p in pictures}
+
+
+def parse_boxes(source, tokenizer=None, *, picture=None, pictures=None, strict=True) -> list[Box]:
+    """Every box of ids, a Query or text, scaled to the latest picture before it (or to `picture`).
+
+    A picture named in an `<img>` of a Query (built from the caller's list) is opened; one named in text or ids (a
+    model's answer may say anything) only when it is among `pictures`, the paths the caller passes."""
     named_size = None if picture is None else _picture_size(picture)
+    passed, trusted = _passed(pictures), isinstance(source, Query)
     sizes, latest, boxes = {}, None, []
     for element in to_list_format(source, tokenizer, strict=strict):
         latest = element.get("image", latest)
@@ -305,6 +318,12 @@ def parse_boxes(source, tokenizer=None, *, picture=None, strict=True) -> list[Bo
                 if picture is None and latest is None:
                     raise ValueError(
                         f"box {corners} comes before any picture; name the picture it refers to with picture="
+                    )
+                if picture is None and not trusted and unicodedata.normalize("NFC", latest) not in passed:
+                    raise ValueError(
+                        f"box {corners} refers to {latest!r}, named in <img>…</img> of the text, which is not among "
+                        "the pictures passed: it is not opened; pass the paths the text may name as pictures=[…], or "
+                        "the picture the boxes refer to as picture="
                     )
             except ValueError as err:
                 _malformed(str(err), strict, "box skipped")

@@ -37,7 +37,9 @@ class QWenInfer:
     def qwen_infer(
         self, images, question: str, history=None, max_new_tokens: int = 64, system: str = chat.SYSTEM, **sampling
     ) -> tuple[str, list]:
-        """Answer `question` about `images` (paths or images, may be empty) after `history`: (response, new history)."""
+        """Answer `question` about `images` (paths or images, may be empty) after `history`: (response, new history).
+        The new history keeps each picture as it was read (`chat.ask`): a later turn shows it as this one did, whatever
+        its file holds by then."""
         return chat.ask(
             self.runner, self.vision, self.tokenizer, images, question, history, system, max_new_tokens, **sampling
         )

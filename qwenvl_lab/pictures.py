@@ -11,7 +11,7 @@ import os
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .checks.values import check_path
+from .checks.values import check_path, unusable_path
 
 
 def to_8_bit(img: Image.Image) -> Image.Image:
@@ -52,9 +52,13 @@ def load_image(image, exif_transpose: bool = False) -> Image.Image:
         source, name = io.BytesIO(bytes(image)), f"the {len(image)} bytes given"
     elif isinstance(image, (str, os.PathLike)):
         source, name = check_path("image path", image), repr(str(image))
-        if source.is_dir():
+        try:
+            is_dir, is_file = source.is_dir(), source.is_file()
+        except OSError as err:  # a name longer than the file system allows, a loop of links, no right to look
+            raise ValueError(f"cannot use the image path {name}: {unusable_path(source, err)}") from None
+        if is_dir:
             raise IsADirectoryError(f"image path {name} is a directory; give the path of a PNG/JPEG file in it")
-        if not source.is_file():
+        if not is_file:
             raise FileNotFoundError(f"image file not found: {name}; check the path in the {{'image': …}} element")
     else:
         raise TypeError(
@@ -64,7 +68,8 @@ def load_image(image, exif_transpose: bool = False) -> Image.Image:
         with Image.open(source) as img:
             return _as_rgb(img, exif_transpose)
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as err:
-        reason = "not a picture file Pillow knows" if isinstance(source, io.BytesIO) else err  # no object repr
+        # Pillow's words for a file it does not know only name the file again (or a BytesIO object)
+        reason = "not a picture file Pillow knows" if isinstance(err, UnidentifiedImageError) else err
         raise ValueError(f"cannot read {name} as an image ({reason}); give a PNG/JPEG file") from None
     except ValueError as err:
         raise ValueError(f"cannot read {name} as an image: {err}") from None

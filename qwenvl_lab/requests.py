@@ -29,6 +29,25 @@ def is_greedy(top_k: int, top_p: float) -> bool:
     return top_k == 1 or (top_k == 0 and top_p == 0.0)
 
 
+def held_by(value: float, dtype: torch.dtype) -> float:
+    """A positive knob (temperature, top_p, repetition penalty) within what `dtype` holds: at least its smallest
+    normal number, which a smaller value would round to 0 in it (every token dropped, or logits / 0), at most its
+    largest."""
+    finfo = torch.finfo(dtype)
+    return min(max(value, finfo.tiny), finfo.max)
+
+
+def steady_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits [n, V] with each row's best at 0 (an infinite logit counted as the dtype's largest number): the same
+    softmax, and divided by a tiny temperature the other logits go to -inf, never to NaN (inf - inf)."""
+    finfo = torch.finfo(logits.dtype)
+    logits = logits.clamp(finfo.min, finfo.max)
+    return logits - logits.amax(dim=-1, keepdim=True)
+
+
+LENGTH_PENALTY_MOST = 30.0  # (2**31) ** 30 < the largest float: no answer length makes a beam's score overflow
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How one `generate` call draws its tokens, under TensorRT-LLM's SamplingConfig names.
@@ -55,7 +74,8 @@ class SamplingConfig:
         check_number("temperature", self.temperature, 0, open_minimum=True)
         check_int("top_k", self.top_k, 0)
         check_number("top_p", self.top_p, 0, 1)
-        check_number("length_penalty", self.length_penalty)
+        # a beam's score is divided by length ** length_penalty: within ±30 that stays a finite number for any length
+        check_number("length_penalty", self.length_penalty, -LENGTH_PENALTY_MOST, LENGTH_PENALTY_MOST)
         check_choice("early_stopping", self.early_stopping, (True, False, "never"))
         if self.random_seed is not None:
             check_int("random_seed", self.random_seed, 0, 2**63 - 1)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import unicodedata
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -540,6 +541,33 @@ def answer_query(answer) -> "Query":
     return Query([*segments, ("text", text[start:])])
 
 
+def warn_image_tags_as_text(text, what: str, fix: str) -> None:
+    """Warn when plain text (a str, not a Query) holds `<img>…</img>`: typed text never makes an image span (the
+    security rule), so the picture it names goes nowhere — a Qwen-VL query string, or a Query turned into a str."""
+    if isinstance(text, str) and not isinstance(text, Query):
+        start = text.find("<img>")
+        if start >= 0 and text.find("</img>", start) >= 0:
+            warnings.warn(
+                f"{what} holds <img>…</img> as plain text: typed text never makes an image span, so no picture goes "
+                f"with it; {fix}",
+                stacklevel=3,
+            )
+
+
+def _message(role: str, value) -> list[tuple[str, str]]:
+    """A chatml message's segments: <|im_start|>role, a newline, the text or Query, <|im_end|>."""
+    content = list(value.segments) if isinstance(value, Query) else [("text", value)]
+    return [("special", "<|im_start|>"), ("text", role), ("text", "\n"), *content, ("special", "<|im_end|>")]
+
+
+def history_turn(query, response) -> Query:
+    """An earlier turn as make_context lays it out in a prompt: a newline, the user's message, a newline, the
+    assistant's (`answer_query`). A turn's ids do not depend on the turns around it (special tokens separate them)."""
+    return Query(
+        [("text", "\n"), *_message("user", query), ("text", "\n"), *_message("assistant", answer_query(response))]
+    )
+
+
 def make_context(
     tokenizer: QWenTokenizer,
     query,
@@ -565,25 +593,16 @@ def make_context(
     for k, turn in enumerate(history):
         if not isinstance(turn, (list, tuple)) or len(turn) != 2 or not all(isinstance(t, str) for t in turn):
             raise ValueError(f"history[{k}] must be a (query, response) pair of str, got {turn!r}")
+    fix = "build it with tokenizer.from_list_format([{'image': path}, {'text': …}]), which gives a Query"
+    warn_image_tags_as_text(query, "the query", fix)
+    for k, (turn_query, _) in enumerate(history):
+        warn_image_tags_as_text(turn_query, f"history[{k}]'s query", fix)
 
-    def content(value) -> list[tuple[str, str]]:
-        return list(value.segments) if isinstance(value, Query) else [("text", value)]
-
-    def message(role: str, value) -> list[tuple[str, str]]:
-        return [("special", "<|im_start|>"), ("text", role), ("text", "\n"), *content(value), ("special", "<|im_end|>")]
-
-    system_part = Query(message("system", system))
+    system_part = Query(_message("system", system))
     system_len = len(tokenizer.encode_query(system_part))
     turns, used = [], 0
     for turn_query, turn_response in reversed(history):
-        turn = Query(
-            [
-                ("text", "\n"),
-                *message("user", turn_query),
-                ("text", "\n"),
-                *message("assistant", answer_query(turn_response)),
-            ]
-        )
+        turn = history_turn(turn_query, turn_response)
         n = len(tokenizer.encode_query(turn))
         if system_len + used + n >= max_window_size:
             break
@@ -591,7 +610,7 @@ def make_context(
         used += n
     current = [
         ("text", "\n"),
-        *message("user", query),
+        *_message("user", query),
         ("text", "\n"),
         ("special", "<|im_start|>"),
         ("text", "assistant"),

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_lab"
 LAYERS = [
     ["checks"],
     ["files", "resources", "pictures"],
-    ["tokenizing", "fonts", "dump"],
+    ["tokenizing", "fonts", "dump", "options"],
     ["img_pos"],
     ["fake_ids"],
     ["prompt_table"],

@@ -78,7 +78,7 @@ def test_bad_options(tmp_path):
     for argv in (["--new-tokens", "1"], ["--device", "tpu"], ["--model", "qwen-vl-chat", "--device", "cpu"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+    with pytest.raises(SystemExit):  # a folder without config.json: refused as the options are read
         bench.main(["--checkpoint", str(tmp_path), "--new-tokens", "2"])
 
 
@@ -175,15 +175,22 @@ def test_the_json_file_is_checked_before_the_benchmark_runs(tmp_path, monkeypatc
     cases = [
         (tmp_path / "earlier.json", [], "already exists: pass overwrite=True \\(--overwrite\\) to replace it"),
         (tmp_path / "missing" / "b.json", [], r"the folder .*missing does not exist: create it first"),
-        (tmp_path, [], "is a folder: give a file name"),
+        (tmp_path, [], "is a folder: give the path of a file to write"),
     ]
     for path, more, message in cases:
         with pytest.raises(SystemExit) as exit_status:
             bench.main(["--model", "tiny", "--json", path, *more])
         assert exit_status.value.code == 2
-        assert re.search(rf"--json '.*': .*{message}", capsys.readouterr().err)
+        assert re.search(rf"--json '.*'.*{message}", capsys.readouterr().err)
     assert (tmp_path / "earlier.json").read_text() == '{"mine": 1}' and not (tmp_path / "missing").exists()
     monkeypatch.setattr(bench, "run_benchmark", lambda *a: {"results": []})
     monkeypatch.setattr(bench, "format_table", lambda report: "")
     bench.main(["--model", "tiny", "--json", tmp_path / "earlier.json", "--overwrite"])
     assert json.loads((tmp_path / "earlier.json").read_text())["results"] == []
+
+
+def test_chat_turns_are_timed_beside_a_turn_after_the_fewest(capsys):
+    report = bench.main(["--model", "tiny", "--chat-turns", "3", "1", "--repeats", "2", "--new-tokens", "2"])
+    assert report["max_input_len"] == 640 and list(report["turn_s"]) == [1, 3]
+    assert report["ratio_to_first_mark"][3] == report["turn_s"][3] / report["first_mark_turn_s"][3]
+    assert report["left_out"] == {1: 0, 3: 0} and '"turn_s"' in capsys.readouterr().out

@@ -1,19 +1,25 @@
 """The chat: one question through any runner, a conversation on the engine (pictures encoded once, history kept,
 answers streamed as they are generated), Qwen-VL-Chat's stop words and generation_config.json defaults."""
 
+import itertools
 import json
+import random
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from qwenvl_lab import chat
 from qwenvl_lab.chat import Conversation, GenerationSettings, ModelAsRunner, TextStream
 from qwenvl_lab.engine import BuildConfig, ModelRunner, build_engine, load_engine_vision_tower
 from qwenvl_lab.files import CheckpointError
+from qwenvl_lab.infer import QWenInfer
 from qwenvl_lab.pictures import load_image
-from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID, load_tokenizer
+from qwenvl_lab.requests import OneGeneration, Runner
+from qwenvl_lab.tokenizing import IM_END_ID, IM_START_ID, IMAGE_START_ID, IMG_TOKEN_SPAN, load_tokenizer, make_context
 from qwenvl_lab.toy import TOY_DIR, load_course_model
 
 IMAGES = Path(__file__).resolve().parents[1] / "data" / "images"
@@ -251,3 +257,192 @@ def test_the_oldest_turns_are_left_out_when_the_conversation_outgrows_the_engine
     answer = talk.ask("What is in the picture?", [IMAGES / "three_shapes.png"])  # 5 pictures would not fit
     assert answer and talk.left_out == 1 and len(talk.history) == 3
     assert talk.ask("How many shapes are there?") and talk.left_out == 1
+
+
+class ScriptedRunner(Runner):
+    """A runner of an engine's limits (640 ids, 2 pictures a request) that answers from a script and records each
+    request it gets (ids and prompt table): the chat's bookkeeping, without a model."""
+
+    def __init__(self, tokenizer, answers):
+        self.build_config = BuildConfig(
+            max_batch_size=1, max_input_len=640, max_seq_len=704, max_prompt_embedding_table_size=512
+        )
+        self.vocab_size, self.hidden_size, self.dtype = 151936, 4, torch.float32
+        self.max_input_len, self.max_seq_len, self.max_request_rows = 640, 704, 512
+        self.turn, self.answers, self.tokenizer, self.requests = OneGeneration(), answers, tokenizer, []
+
+    def steps(self, request, max_new_tokens, sampling, streaming):
+        table = None if request.table is None else request.table[::IMG_TOKEN_SPAN, 0].tolist()  # a row a picture
+        self.requests.append(([int(i) for i in request.ids[0]], table))
+        answer = [*self.tokenizer.encode(next(self.answers)), IM_END_ID][:max_new_tokens]
+        yield torch.tensor(answer).view(1, 1, -1), torch.full((1, 1), len(answer))
+
+
+class RedVision:
+    """A vision encoder whose features of a picture are its first pixel's red value (so a table names its pictures)."""
+
+    def encode(self, pictures):
+        reds = [float(load_image(p).getpixel((0, 0))[0]) for p in pictures]
+        return torch.tensor(reds).view(-1, 1, 1).expand(-1, IMG_TOKEN_SPAN, 4).clone()  # [N, 256, 4]
+
+
+def fit_as_before(talk, question, pictures, window):
+    """The prompt (ids) and left_out the chat had before it kept track of turns: every first turn from the oldest on,
+    until a prompt fits the runner; a ValueError when none does."""
+    most_ids, most_rows = chat.prompt_limits(talk.runner)
+    names = [chat.picture_name(p, len(talk.pictures) + k + 1) for k, p in enumerate(pictures)]
+    for start in range(len(talk.history) + 1):
+        _, ids = chat.make_prompt(talk.tokenizer, question, pictures, talk.history[start:], talk.system, window, names)
+        if len(ids) <= most_ids and ids.count(IMAGE_START_ID) * IMG_TOKEN_SPAN <= most_rows:
+            return ids, len(talk.history) - (ids.count(IM_START_ID) - 3) // 2
+    raise ValueError("no prompt fits")
+
+
+def spans_out(ids) -> list:
+    """Context ids with each image span's 256 ids (a path, or fake ids once the table is made) left out."""
+    kept, k = [], 0
+    while k < len(ids):
+        kept.append(ids[k])
+        k += 1 + IMG_TOKEN_SPAN * (ids[k] == IMAGE_START_ID)
+    return kept
+
+
+@pytest.fixture(scope="module")
+def colour_files(tmp_path_factory):
+    """Three small pictures whose first pixels' red values are 10, 20 and 30."""
+    folder = tmp_path_factory.mktemp("colours")
+    for red in (10, 20, 30):
+        Image.new("RGB", (8, 8), (red, 0, 0)).save(folder / f"r{red}.png")
+    return [folder / f"r{red}.png" for red in (10, 20, 30)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_chat_sends_the_prompts_it_sent_before(seed, tokenizer, colour_files):
+    """Random chats (questions of 1 to ~200 ids, 0 to 3 pictures, answers with and without grounding tags, a small
+    max_window_size now and then) on a 640-id engine: each turn sends the prompt and the pictures the earlier search
+    sent, leaves out the same turns, and is refused when that one was."""
+    rng = random.Random(seed)
+    words = ["shape", "red", "circle", "图片", "where", "<ref>the circle</ref><box>(1,2),(30,40)</box>", "?"]
+    answers = iter(lambda: " ".join(rng.choices(words, k=rng.randint(0, 60))), None)
+    talk = Conversation(ScriptedRunner(tokenizer, answers), RedVision(), tokenizer, settings=GREEDY)
+    for turn in range(60):
+        question = " ".join(rng.choices(words, k=rng.choice([1, 3, 10, 90])))
+        pictures = rng.sample(colour_files, k=rng.choice([0, 0, 0, 1, 1, 2, 3]))
+        window = rng.choice([6144, 6144, 6144, 300])
+        try:
+            expected = fit_as_before(talk, question, pictures, window)
+        except ValueError:
+            expected = None
+        sent = len(talk.runner.requests)
+        try:
+            talk.ask(question, pictures, max_window_size=window)
+        except ValueError as err:
+            assert expected is None and "per question" in str(err), (turn, err)
+            continue
+        ids, table = talk.runner.requests[sent]
+        assert expected is not None and (spans_out(ids), talk.left_out) == (spans_out(expected[0]), expected[1]), turn
+        shown = [
+            p
+            for query, _ in talk.history[len(talk.history) - 1 - (ids.count(IM_START_ID) - 3) // 2 :]
+            for p in query.pictures
+        ]
+        assert table == ([float(load_image(p).getpixel((0, 0))[0]) for p in shown] or None), turn
+
+
+def test_a_turn_costs_as_much_after_1600_turns_as_after_50(tokenizer, monkeypatch, colour_files):
+    """`cat questions.txt | qwenvl-lab chat`: the ids encoded for one more turn stay the same from 50 turns of history
+    to 1600 on a 640-id engine (the earlier search encoded 43,596 ids at 50 turns and 901,014 at 200), and the
+    features kept are those of pictures a prompt can still show."""
+    encoded = [0]
+    encode = tokenizer.encode
+
+    def counted(text):
+        ids = encode(text)
+        encoded[0] += len(ids)
+        return ids
+
+    monkeypatch.setattr(tokenizer, "encode", counted)
+    talk = Conversation(ScriptedRunner(tokenizer, itertools.repeat("A red circle.")), RedVision(), tokenizer)
+    work, kept = {}, 0
+    for turn in range(1, 1601):
+        before = encoded[0]
+        talk.ask(
+            f"Question {turn:04d}: what is in the picture?", colour_files[turn % 3 : turn % 3 + 1] * (turn % 10 == 0)
+        )
+        kept = max(kept, len(talk.features))
+        if turn in (50, 200, 400, 800, 1600):
+            work[turn] = encoded[0] - before
+    assert max(work.values()) / min(work.values()) <= 1.01, work
+    assert talk.left_out > 1500 and len(talk.history) == 1600 and kept <= 2
+
+
+class RecordingVision:
+    """A vision tower that records the content (picture_key) of every picture it encodes."""
+
+    def __init__(self, tower):
+        self.tower, self.seen = tower, []
+
+    def encode(self, pictures):
+        self.seen.append([chat.picture_key(load_image(p)) for p in pictures])
+        return self.tower.encode(pictures)
+
+
+def test_a_stateless_history_shows_its_pictures_as_they_were_read(toy, tmp_path):
+    """qwen_infer(history=…) and chat.ask: a history turn brings the picture it showed, not what its file holds now
+    (the history used to re-read the path), as a Conversation does."""
+    runner, tower, tokenizer = toy
+    picture = tmp_path / "photo.png"
+    shutil.copyfile(IMAGES / "red_circle.png", picture)
+    red, blue = (chat.picture_key(load_image(IMAGES / n)) for n in ("red_circle.png", "blue_square.png"))
+    vision = RecordingVision(tower)
+    infer = QWenInfer(runner, vision, tokenizer)
+    answer, history = infer.qwen_infer([picture], "What is in the picture?", max_new_tokens=16)
+    assert answer == "A red circle." and str(picture) in history[0][0]  # the span still names the path
+    shutil.copyfile(IMAGES / "blue_square.png", picture)  # the same path, another picture
+    infer.qwen_infer([picture], "Which picture has a blue square?", history=history, max_new_tokens=16)
+    assert vision.seen == [[red], [red, blue]]
+
+
+def test_an_empty_batch_is_refused_in_words(toy):
+    runner, tower, tokenizer = toy
+    with pytest.raises(ValueError, match=r"no questions: give at least one \(pictures, question\) pair"):
+        chat.ask_batch(runner, tower, tokenizer, [])
+
+
+def image_tags_as_text(tokenizer, toy):
+    """Every way a string holding <img>…</img> reaches a prompt as plain text."""
+    runner, tower, _ = toy
+    query = tokenizer.from_list_format([{"image": str(IMAGES / "red_circle.png")}, {"text": "What is it?"}])
+    text = query.strip()  # a str operation on a Query gives plain text: Qwen-VL's query string
+    return {
+        "make_context's query": lambda: make_context(tokenizer, text),
+        "make_context's history": lambda: make_context(tokenizer, "And now?", history=[(text, "A red circle.")]),
+        "make_prompt's question": lambda: chat.make_prompt(tokenizer, text),
+        "ask_batch's question": lambda: chat.ask_batch(runner, tower, tokenizer, [([], text)], max_new_tokens=2),
+        "a Conversation's question": lambda: Conversation(runner, tower, tokenizer, settings=GREEDY).ask(text),
+        "qwen_infer's question": lambda: QWenInfer(runner, tower, tokenizer).qwen_infer([], text, max_new_tokens=2),
+    }
+
+
+@pytest.mark.parametrize(
+    "way",
+    [
+        "make_context's query",
+        "make_context's history",
+        "make_prompt's question",
+        "ask_batch's question",
+        "a Conversation's question",
+        "qwen_infer's question",
+    ],
+)
+def test_a_picture_written_as_plain_text_is_not_dropped_without_a_word(way, tokenizer, toy):
+    with pytest.warns(UserWarning, match=r"holds <img>…</img> as plain text: typed text never makes an image span"):
+        image_tags_as_text(tokenizer, toy)[way]()
+
+
+def test_text_without_a_whole_image_tag_or_a_query_warns_of_nothing(tokenizer):
+    query = tokenizer.from_list_format([{"image": "a.png"}, {"text": "What is it?"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for text in ("an <img> tag", "</img> before <img>", "<img" * 1000, query, query + " <img>b.png</img>"):
+            make_context(tokenizer, text)

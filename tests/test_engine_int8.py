@@ -215,7 +215,7 @@ def test_the_tensorrt_llm_route_refuses_a_weight_only_build_config(tmp_path):
         (["--weight-only", "int4"], "invalid choice"),
         (["--device", "cpu", "--backend", "numba", "--weight-only", "int8"], "--backend numba reads float32"),
         (["--weight-only", "int8", "--first-answer"], "--first-answer times the float engine alone"),
-        (["--weight-only", "int8", "--drift-steps", "0"], "--drift-steps must be >= 1"),
+        (["--weight-only", "int8", "--drift-steps", "0"], "--drift-steps must be a whole number >= 1"),
         (["--weight-only", "int8", "--new-tokens", "8", "--drift-steps", "8"], "below --new-tokens (8)"),
     ],
 )
@@ -250,16 +250,19 @@ def test_drift_is_zero_for_the_same_trace_and_measures_a_known_difference():
     "argv, match",
     [
         (["--weight-only", "int8"], "--weight-only needs --dtype"),
-        (["--engine", "nowhere"], "is not a directory"),
-        (["--engine", ".", "--dtype", "float16"], "leave out --dtype"),
-        (["--n", "0"], "--n must be >= 1"),
+        (["--engine", "nowhere"], "no such folder"),
+        (["--engine", "{engine}", "--dtype", "float16"], "leave out --dtype"),
+        (["--n", "0"], "--n must be a whole number from 1"),
         (["--dtype", "int8"], "invalid choice"),
         (["--json", "."], "is a folder"),
     ],
 )
-def test_evaluate_refuses_what_it_cannot_ask(argv, match, capsys):
+def test_evaluate_refuses_what_it_cannot_ask(argv, match, capsys, tmp_path):
+    engine = tmp_path / "engine"  # a folder that reads as an engine's to the option type (its manifest is there)
+    engine.mkdir()
+    (engine / "manifest.json").write_text("{}")
     with pytest.raises(SystemExit) as exit_:
-        evaluate.parse_args(argv)
+        evaluate.parser().parse_args([arg.format(engine=engine) for arg in argv])
     assert exit_.value.code == 2 and match in capsys.readouterr().err
 
 

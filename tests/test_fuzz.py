@@ -138,6 +138,7 @@ def has_surrogate(text: str) -> bool:
     return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
 
 
+@pytest.mark.filterwarnings("ignore:.*as plain text")  # typed <img>…</img> warns (test_chat.py)
 @fuzz(350)
 @given(text=TEXT)
 def test_plain_text_never_gives_special_ids(tokenizer, text):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFont
 
 from qwenvl_lab import fonts as qwenvl_fonts
+from qwenvl_lab import grounding
 from qwenvl_lab.grounding import (
     PALETTE,
     Box,
@@ -33,6 +34,7 @@ from qwenvl_lab.tokenizing import (
     REF_END_ID,
     REF_START_ID,
     Query,
+    answer_query,
     make_context,
 )
 
@@ -258,7 +260,12 @@ def test_each_box_refers_to_the_latest_picture_before_it(tokenizer, image_files)
             {"ref": "third", "box": [(0, 0, 1000, 1000)]},
         ]
     )
-    for boxes in (parse_boxes(query), parse_boxes(tokenizer.encode(query), tokenizer), parse_boxes(str(query))):
+    passed = [red, noise, gradient]  # text and ids open only the pictures the caller passes
+    for boxes in (
+        parse_boxes(query),
+        parse_boxes(tokenizer.encode(query), tokenizer, pictures=passed),
+        parse_boxes(str(query), pictures=passed),
+    ):
         assert [(b.label, b.picture, b.size, b.pixels) for b in boxes] == [
             ("first", red, (40, 30), (0, 0, 20, 15)),
             (None, gradient, (50, 64), (25, 32, 50, 64)),
@@ -278,7 +285,7 @@ def test_a_history_answer_refers_to_the_picture_of_its_turn(tokenizer, image_fil
     )
     conversation = Query([*raw_text.segments, ("text", "see "), *box_answer("it", (0, 0, 500, 500)).segments])
     for source in (conversation, tokenizer.encode(conversation)):
-        [earlier, later] = parse_boxes(source, tokenizer)
+        [earlier, later] = parse_boxes(source, tokenizer, pictures=[image_files["red"], image_files["gradient"]])
         assert (earlier.picture, earlier.label) == (str(image_files["red"]), "the red circle")
         assert earlier.pixels == (4, 6, 24, 27)
         assert (later.picture, later.label, later.pixels) == (str(image_files["gradient"]), "it", (0, 0, 25, 32))
@@ -315,7 +322,8 @@ def test_a_box_before_any_picture_needs_a_named_picture(image_files):
     with pytest.raises(ValueError, match="before any picture; name the picture it refers to with picture="):
         parse_boxes(ANSWER)
     with pytest.warns(UserWarning, match="before any picture"):
-        assert parse_boxes(ANSWER + f"<img>{image_files['red']}</img>" + ANSWER, strict=False) == [
+        text = ANSWER + f"<img>{image_files['red']}</img>" + ANSWER
+        assert parse_boxes(text, pictures=[image_files["red"]], strict=False) == [
             Box("the red circle", (100, 200, 600, 900), (4, 6, 24, 27), str(image_files["red"]), (40, 30))
         ]
 
@@ -346,7 +354,7 @@ def test_long_runs_of_tags_are_read_in_linear_time(strict):
 
 def test_missing_or_unreadable_pictures_get_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.png"):
-        parse_boxes(f"<img>{tmp_path / 'nope.png'}</img>{ANSWER}")
+        parse_boxes(f"<img>{tmp_path / 'nope.png'}</img>{ANSWER}", pictures=[tmp_path / "nope.png"])
     (tmp_path / "notes.png").write_text("not a picture")
     with pytest.raises(ValueError, match="cannot read"):
         parse_boxes(ANSWER, picture=tmp_path / "notes.png")
@@ -477,3 +485,22 @@ def test_a_cjk_font_in_the_font_folders_or_named_draws_the_label(font_folders, t
     (tmp_path / "bad.ttf").write_text("not a font")
     with pytest.raises(ValueError, match="cannot read"):
         draw_boxes(picture, ANSWER, font=tmp_path / "bad.ttf")
+
+
+@pytest.mark.parametrize("named", ["/etc/passwd", "{red}", "{tmp}/nowhere.png", "../../etc/shadow"])
+@pytest.mark.parametrize("as_ids", [False, True], ids=["text", "ids"])
+def test_text_opens_only_the_pictures_the_caller_passes(named, as_ids, tokenizer, image_files, tmp_path, monkeypatch):
+    """A model's answer (text or ids) may name any path in <img>…</img>: a box after it is refused (skipped with a
+    warning when not strict) and nothing is opened, unless the caller passed that path in pictures=."""
+    opened = []
+    monkeypatch.setattr(grounding, "load_image", lambda p, *a, **k: opened.append(p))
+    path = named.format(red=image_files["red"], tmp=tmp_path)
+    text = f"<img>{path}</img>{ANSWER}"
+    ids = tokenizer.encode(tokenizer.from_list_format([{"image": path}])) + tokenizer.encode(answer_query(ANSWER))
+    source, more = (ids, [tokenizer]) if as_ids else (text, [])
+    for passed in (None, [image_files["noise"]]):
+        with pytest.raises(ValueError, match="which is not among the pictures passed: it is not opened"):
+            parse_boxes(source, *more, pictures=passed)
+        with pytest.warns(UserWarning, match="not among the pictures passed"):
+            assert parse_boxes(source, *more, pictures=passed, strict=False) == []
+    assert opened == []

@@ -209,7 +209,7 @@ def test_run_starts_another_server_command_in_the_learners_folder(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert missing.returncode == 2 and "cannot run 'no-such-server'" in missing.stderr
+    assert missing.returncode == 2 and "--run 'no-such-server': no such program on the PATH" in missing.stderr
 
 
 def code_cell(source, outputs, tags=()):

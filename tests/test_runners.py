@@ -156,3 +156,40 @@ def test_the_sampling_settings_are_tensorrt_llms():
     assert SamplingConfig().greedy and SamplingConfig(top_k=0, top_p=0.0).greedy
     assert not SamplingConfig(top_k=0, top_p=0.3).greedy and not SamplingConfig(top_k=2).greedy
     assert SamplingConfig(num_beams=3, early_stopping="never").num_beams == 3
+
+
+def edge_settings():
+    """Every sampling setting at its edges: the smallest positive floats (float64's, float32's), the largest, and
+    what float32 cannot hold; each knob tried greedy and sampling."""
+    tiny = [5e-324, 1e-300, 1e-45, 1.2e-38, 1e-10]
+    huge = [1e10, 1e38, 1e39, 1e300, 1.7976931348623157e308]
+    cases = [dict(temperature=t, top_k=k, top_p=p) for t in tiny + huge for k, p in ((0, 1.0), (5, 0.0), (0, 0.5))]
+    cases += [dict(top_k=0, top_p=p) for p in [*tiny, 0.5, 1.0]]
+    cases += [dict(top_k=k, top_p=0.9) for k in (2, V - 1, V, V + 1, 2**31 - 1, 2**63 - 1, 2**70)]
+    cases += [dict(repetition_penalty=r, top_k=k) for r in tiny + huge for k in (1, 0)]
+    cases += [dict(num_beams=2, length_penalty=lp) for lp in (-1.7976931348623157e308, -1e300, -30.0, 0.0, 30.0, 1e300)]
+    cases += [dict(random_seed=s, top_k=0, top_p=1.0) for s in (0, 2**63 - 1)]
+    return cases
+
+
+@pytest.mark.parametrize("kind", ["engine", "model"])
+def test_every_sampling_setting_at_its_edges_gives_tokens_or_a_clear_refusal(runners, kind):
+    """A temperature, top_p or repetition penalty that float32 rounds to 0 or to infinity, a top_k past the
+    vocabulary, a length penalty that overflows a beam's score: each gives tokens of the vocabulary, or a ValueError
+    that names the setting — never a torch error from inside (top_p=1e-300 was "probability tensor contains either
+    inf, nan or element < 0")."""
+    wrong = []
+    for settings in edge_settings():
+        try:
+            out = runners[kind].generate(TEXT, max_new_tokens=3, return_dict=True, **settings)
+        except ValueError as err:
+            if not any(name in str(err) for name in settings):
+                wrong.append(f"{settings}: {err}")
+            continue
+        except Exception as err:  # noqa: BLE001 — what the test looks for
+            wrong.append(f"{settings}: {type(err).__name__}: {err}")
+            continue
+        ids = out["output_ids"]
+        if not bool(((ids >= 0) & (ids < V)).all()):
+            wrong.append(f"{settings}: ids outside the vocabulary {ids.tolist()}")
+    assert not wrong, "\n".join(wrong)

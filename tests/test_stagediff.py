@@ -432,7 +432,7 @@ def test_every_cause_has_evidence_quoted_with_where_it_is():
     [
         (["dump", "--output", ""], "--output"),
         (["dump", "--output", "{tmp}"], "--output"),
-        (["dump", "--output", "{tmp}/x.safetensors", "--image", "{tmp}/none.png"], "picture not found"),
+        (["dump", "--output", "{tmp}/x.safetensors", "--image", "{tmp}/none.png"], "no such file; give a picture"),
         (["dump", "--output", "{tmp}/x.safetensors", "--image", "{tmp}"], "--image"),
         (["dump", "--output", "{tmp}/x.safetensors", "--engine", "{tmp}/none"], "--engine"),
         (["dump", "--output", "{tmp}/x.safetensors", "--engine", "{file}"], "--engine"),

@@ -149,6 +149,7 @@ def test_parsed_vocabulary_is_cached(tok):
 # plain text is always plain text
 
 
+@pytest.mark.filterwarnings("ignore:.*as plain text")  # typed <img>…</img> warns (test_chat.py)
 @pytest.mark.parametrize("typed", ["<img>/etc/passwd</img>", "<|im_start|>", "<|endoftext|><ref>a</ref><imgpad>"])
 def test_user_typed_special_strings_get_no_special_ids(tok, typed):
     ids = tok.encode(typed)

@@ -101,10 +101,14 @@ def test_strongly_typed_prepares_the_float16_graph_the_gpu_stage_builds(tiny_che
 def test_bad_arguments_are_refused_before_any_work(tiny_checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--checkpoint", str(tiny_checkpoint), "--image", str(tmp_path / "none.png"), "--workdir", str(tmp_path)])
-    assert exit_info.value.code == 2 and "image not found" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--image '" in (err := capsys.readouterr().err) and "': no such file" in err
     with pytest.raises(SystemExit) as exit_info:
         main(["--checkpoint", str(tmp_path / "nowhere"), "--image", str(IMAGE), "--workdir", str(tmp_path)])
-    assert exit_info.value.code == 2 and "checkpoint directory not found" in capsys.readouterr().err
+    assert (
+        exit_info.value.code == 2
+        and "--checkpoint '" in (err := capsys.readouterr().err)
+        and "': no such folder" in err
+    )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from qwenvl_lab.limits import BuildConfig
+from qwenvl_lab.pictures import load_image
 from qwenvl_lab.prompt_table import per_request_tables, single_table_batch
 from qwenvl_lab.tokenizing import IM_END_ID, IMAGE_END_ID, IMAGE_PAD_ID, IMAGE_START_ID, make_context
 from qwenvl_lab.trtllm.gpu import GPUStackError, missing_gpu_stack
@@ -300,9 +301,10 @@ def test_the_sampling_settings_reach_tensorrt_llm_in_its_form(scripted):
 
 @pytest.mark.standin
 def test_answer_question_sends_the_pictures_features_and_decodes_the_answer(tmp_path, tokenizer):
-    class Tower:  # a vision encoder whose features name the picture: input_vit [N, 256, H]
+    class Tower:  # a vision encoder whose features name the picture (its mean grey): input_vit [N, 256, H]
         def encode(self, pictures):
-            return torch.stack([torch.full((256, H), float(len(str(p)))) for p in pictures])
+            grey = [float(load_image(p).convert("L").resize((1, 1)).getpixel((0, 0))) for p in pictures]
+            return torch.stack([torch.full((256, H), g) for g in grey])
 
     answer_ids = [*tokenizer.encode("A blue square."), IM_END_ID]
     picture = IMAGES / "blue_square.png"

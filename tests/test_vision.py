@@ -410,3 +410,21 @@ def test_tower_rejects_wrong_pixels(tiny_model):
         visual(torch.zeros(1, 3, 448, 448))
     with pytest.raises(ValueError, match="expected pixels"):
         visual(torch.zeros(3, 56, 56))
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("x" * 252 + ".png", "a name in it is 256 bytes long, more than a file system allows"),
+        ("图" * 90 + ".png", "a name in it is 274 bytes long"),  # 90 characters of 3 bytes each
+        ("/".join(["d" * 200] * 25) + "/x.png", "more than this system allows: use a shorter path"),
+    ],
+    ids=["a 256-byte name", "a name of 90 CJK characters", "a 5,000-byte path"],
+)
+def test_a_path_the_system_cannot_look_at_is_named_with_what_to_change(name, match, tmp_path):
+    """The system refuses to look (a name longer than 255 bytes was a raw `OSError: [Errno 36]`): a ValueError that
+    says why, from the one picture reader, so from every way of asking."""
+    with pytest.raises(ValueError, match=f"cannot use the image path .*: .*{match}"):
+        load_image(tmp_path / name)
+    with pytest.raises(ValueError, match="cannot use the image path"):
+        preprocess_images([str(tmp_path / name)], SIZE)

@@ -352,7 +352,7 @@ def test_picture_from_upload():
     assert picture_from_upload(data).size == (20, 20)
     with pytest.raises(ValueError, match="no file uploaded"):
         picture_from_upload(())
-    with pytest.raises(ValueError, match="not a picture") as err:
+    with pytest.raises(ValueError, match="not a picture file Pillow knows") as err:
         picture_from_upload(b"not a png")
     assert "BytesIO" not in str(err.value) and " at 0x" not in str(err.value)  # no object repr for the learner
     with pytest.raises(ValueError, match="'content'"):
@@ -468,7 +468,8 @@ def test_ask_panel_button_shows_the_picture_ids_table_and_answer(tiny_model, tok
     )
     upload.value = upload_of("junk.png", b"not a picture")
     button.click()
-    assert "not a picture PIL can read" in answer.value and "BytesIO" not in answer.value
+    assert "the uploaded file &#x27;junk.png&#x27; is refused" in answer.value and "BytesIO" not in answer.value
+    assert "not a picture file Pillow knows" in answer.value
     with pytest.raises(ValueError, match="at least one picture"):
         ask_panel(tiny_model, tokenizer, {})
 
@@ -560,3 +561,46 @@ def test_the_ask_panel_says_when_a_question_is_not_one_the_model_was_trained_on(
     assert "只认识训练过的问题" in chinese and "图片里是什么？" in chinese
     for lang in ("en", "zh"):
         assert all(answer_html(q, "x") == "<b>answer:</b> x" for q in trained_questions(lang))
+
+
+def broken_pictures() -> dict:
+    """Files that are not pictures the course can read, each refused by load_image for its own reason."""
+    png = png_bytes()
+    bomb = io.BytesIO()
+    Image.new("L", (1, 1)).save(bomb, format="PNG")
+    wide = bomb.getvalue()[:16] + (200_000).to_bytes(4, "big") + (200_000).to_bytes(4, "big") + bomb.getvalue()[24:]
+    nan = io.BytesIO()
+    Image.fromarray(np.full((3, 3), np.nan, dtype=np.float32), mode="F").save(nan, format="TIFF")
+    return {
+        "text": b"not a picture\n",
+        "empty": b"",
+        "a truncated PNG": png[: len(png) // 2],
+        "a PNG of 200,000 x 200,000 pixels": wide,
+        "a float TIFF of NaN": nan.getvalue(),
+    }
+
+
+@pytest.mark.parametrize("name", list(broken_pictures()))
+def test_an_upload_is_refused_for_the_reason_the_same_file_from_a_path_is(name, tmp_path):
+    data = broken_pictures()[name]
+    (tmp_path / "upload.png").write_bytes(data)
+    with pytest.raises(ValueError) as from_path:
+        load_image(tmp_path / "upload.png")
+    reason = str(from_path.value).replace(repr(str(tmp_path / "upload.png")), f"the {len(data)} bytes given")
+    with pytest.raises(ValueError) as uploaded:
+        picture_from_upload(upload_of("upload.png", data))
+    assert str(uploaded.value) == f"the uploaded file 'upload.png' is refused: {reason}"
+    assert "BytesIO" not in reason and " at 0x" not in reason
+
+
+def test_the_chat_panel_says_why_a_picture_cannot_be_attached(toy_chat, tmp_path):
+    runner, vision, tokenizer = toy_chat
+    (tmp_path / "notes.png").write_text("not a picture")
+    talk = Conversation(runner, vision, tokenizer, settings=GenerationSettings(max_new_tokens=8))
+    panel = chat_panel(talk, {"notes": str(tmp_path / "notes.png"), "red": str(IMAGES / "red_circle.png")})
+    (choice, attached), _, _, answer = [getattr(w, "children", w) for w in panel.children]
+    choice.value = str(tmp_path / "notes.png")
+    assert attached.layout.display == "none" and "cannot show the picture" in answer.value
+    assert "not a picture file Pillow knows" in answer.value
+    choice.value = str(IMAGES / "red_circle.png")
+    assert attached.layout.display is None and answer.value == ""

@@ -1,6 +1,7 @@
 """Checks of plain Python values: an int is an int and not a bool, a number is finite and in its range, a path is one
 the file system can take."""
 
+import errno
 import math
 import numbers
 import os
@@ -84,3 +85,14 @@ def check_model_limits(build_config, max_position_embeddings: int, seq_length: i
             "from the original model",
             stacklevel=3,
         )
+
+
+def unusable_path(path, err: OSError) -> str:
+    """Why the system refused to look at `path` (its OSError), in words that say what to change."""
+    if err.errno == errno.ENAMETOOLONG:
+        parts = Path(path).parts
+        longest = max((len(os.fsencode(part)) for part in parts), default=0)
+        if longest > 255:
+            return f"a name in it is {longest} bytes long, more than a file system allows (255 bytes): rename it"
+        return f"it is {len(os.fsencode(path))} bytes long, more than this system allows: use a shorter path"
+    return f"{err.strerror or err}: give a path that can be read"

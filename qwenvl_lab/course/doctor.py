@@ -655,8 +655,8 @@ def format_for_notebook(results) -> str:
     return text
 
 
-def main(argv=None) -> int:
-    """Command line: print every check; exit status 1 when one fails."""
+def parser() -> argparse.ArgumentParser:
+    """`qwenvl-lab doctor`'s options (argparse alone: the doctor runs before anything is installed)."""
     parser = argparse.ArgumentParser(prog="qwenvl-lab doctor", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--before-install",
@@ -664,7 +664,12 @@ def main(argv=None) -> int:
         help="only the first stage (standard library), as `make lab` runs it before it creates .venv",
     )
     parser.add_argument("--no-network", action="store_true", help="skip the checks of the package indexes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Command line: print every check; exit status 1 when one fails."""
+    args = parser().parse_args(argv)
     version = _dotted(sys.version_info[:3])
     print(f"qwenvl-lab doctor: {platform.system()} {platform.machine()}, Python {version} at {sys.executable}")
     installed = not args.before_install and course_installed()

@@ -21,14 +21,16 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
-from .. import files
+from .. import files, options
 from ..checks.values import check_path
+from ..options import Parser
 from ..resources import OUTPUT_ENV, OUTPUT_FOLDER, checkout_dir
 from .notebooks import NOTEBOOKS
 
@@ -198,17 +200,45 @@ def run_until_exit(command: list[str], cwd: Path, env: dict[str, str]) -> int:
             continue
 
 
-def main(argv=None) -> int:
-    """Command line: copy the notebooks, then start JupyterLab (or restore one copy with --reset)."""
-    parser = argparse.ArgumentParser(
+def notebook_name(name: str) -> str:
+    """An option type (--reset): the name of one course notebook."""
+    try:
+        find_course_notebook(course_root() / COURSE_FOLDER, name)
+    except (ValueError, FileNotFoundError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return name
+
+
+notebook_name.kind = "choice"  # what the test of every option reads: one of a set of names
+
+
+def parser() -> Parser:
+    """`qwenvl-lab lab`'s options (arguments it does not know go to JupyterLab)."""
+
+    def check(parser, args):
+        if args.run is None:
+            return
+        if not args.run or not args.run[0].strip():
+            parser.error("--run needs a command, and comes last (what follows it is the command's)")
+        command = args.run[0]
+        if "/" in command or os.sep in command:  # a path: from the folder the command runs in
+            command = str((course_root() if args.workdir is None else args.workdir.expanduser()) / command)
+        if shutil.which(command) is None:
+            parser.error(
+                f"--run {args.run[0]!r}: no such program on the PATH (give a command, e.g. jupyterhub-singleuser)"
+            )
+
+    parser = Parser(
         prog="qwenvl-lab lab",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
         epilog="Other arguments go to JupyterLab, e.g. --ip=0.0.0.0 --port=8888 --no-browser on a remote machine.",
+        check=check,
     )
     parser.add_argument(
         "--reset",
         metavar="NOTEBOOK",
+        type=notebook_name,
         help="restore my-notebooks/NOTEBOOK from the course (e.g. 03, 03_fake_prompt_ids or 03_solutions); "
         "your copy moves to my-notebooks/backup/",
     )
@@ -217,7 +247,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--workdir",
-        type=Path,
+        type=options.output_folder,
         default=os.environ.get(WORKDIR_ENV) or None,
         help=f"your own folder on a shared install: my-notebooks/ and course-output/ go there (default: ${WORKDIR_ENV}, "
         "else the clone)",
@@ -235,24 +265,30 @@ def main(argv=None) -> int:
         help="after copying the notebooks, run this server command in the folder instead of JupyterLab "
         "(e.g. jupyterhub-singleuser under JupyterHub; everything after it is its own)",
     )
-    args, lab_args = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Command line: copy the notebooks, then start JupyterLab (or restore one copy with --reset)."""
+    parser_ = parser()
+    args, lab_args = parser_.parse_known_args(argv)
     root = course_root()
     workdir = root if args.workdir is None else args.workdir.expanduser().absolute()
     course, mine = root / COURSE_FOLDER, workdir / MY_FOLDER
-    if args.run is not None and (not args.run or lab_args):
-        parser.error("--run needs a command, and comes last (what follows it is the command's)")
+    if args.run is not None and lab_args:
+        parser_.error("--run comes last (what follows it is the command's)")
     if args.reset is not None:
         try:
             restored, backup = reset_notebook(course, mine, args.reset)
         except ValueError as err:
-            parser.error(str(err))
+            parser_.error(str(err))
         print(
             f"restored {restored.relative_to(workdir)} from {COURSE_FOLDER}/"
             + (f"; your copy is now {backup.relative_to(workdir)}" if backup else "")
         )
         return 0
     if args.run is None and (problem := missing_jupyterlab(root)) is not None:
-        parser.error(problem)  # before anything is copied
+        parser_.error(problem)  # before anything is copied
     if args.no_copy:
         files.make_folder(check_path("workdir", workdir), parents=True)
         copied = []
@@ -274,7 +310,7 @@ def main(argv=None) -> int:
         try:
             os.execvpe(args.run[0], args.run, env)
         except OSError as err:
-            parser.error(f"cannot run {args.run[0]!r}: {err.strerror}")
+            parser_.error(f"--run {args.run[0]!r} cannot run: {err.strerror}")
     command = lab_command(workdir, lab_args)
     if args.print_command:
         print(" ".join(command))

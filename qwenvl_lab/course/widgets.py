@@ -324,6 +324,7 @@ class PanelResult:
 def picture_from_upload(value) -> Image.Image:
     """The picture of a FileUpload value (ipywidgets 8: a tuple of dicts with 'content'), or of raw bytes, read by
     `load_image` as the same file from a path would be."""
+    name = ""
     if isinstance(value, (tuple, list)):
         if not value:
             raise ValueError("no file uploaded: choose a picture first")
@@ -331,13 +332,14 @@ def picture_from_upload(value) -> Image.Image:
     if isinstance(value, dict):
         if "content" not in value:
             raise ValueError("an uploaded file is a dict with a 'content' entry (ipywidgets 8 FileUpload.value)")
+        name = f" {str(value.get('name', ''))!r}" if value.get("name") else ""
         value = value["content"]
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected uploaded bytes, got {type(value).__name__}")
     try:
         return load_image(value)
-    except ValueError:
-        raise ValueError("the uploaded file is not a picture PIL can read; upload a PNG or JPEG") from None
+    except ValueError as err:  # load_image's reason, as a file from a path gets it: what to upload instead
+        raise ValueError(f"the uploaded file{name} is refused: {err}") from None
 
 
 def picture_png(picture, size: int = 160) -> bytes:
@@ -391,11 +393,11 @@ def stale_note(what: str) -> str:
     return f"<i>the {html.escape(what)} changed: press <b>Ask</b> for an answer about the {html.escape(what)} shown</i>"
 
 
-def picture_preview(load, caption: str) -> tuple[bytes, str]:
+def picture_preview(load, caption: str, size: int = 160) -> tuple[bytes, str]:
     """(PNG bytes, HTML caption) of the picture `load()` gives, for a panel; one that cannot be read gives no PNG and
     says why."""
     try:
-        return picture_png(load()), html.escape(caption)
+        return picture_png(load(), size), html.escape(caption)
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as err:
         return b"", f"<b>cannot show the picture:</b> {html.escape(str(err))}"
 
@@ -543,10 +545,11 @@ def chat_panel(conversation, pictures: dict, question: str = "框出图中红色
     drawings = {}  # turn → PNG of its answer's boxes on its picture
 
     def on_choice(_=None):
-        try:
-            png = b"" if choice.value == NO_PICTURE else picture_png(choice.value, 96)
-        except (ValueError, TypeError, FileNotFoundError, IsADirectoryError):
+        if choice.value == NO_PICTURE:
             png = b""
+        else:
+            png, caption = picture_preview(lambda: choice.value, "", size=96)
+            answer.value = caption  # empty, or why the picture cannot be shown (Send then says it again)
         show_png(attached, png)
 
     def on_send(_):

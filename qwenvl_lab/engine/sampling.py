@@ -2,7 +2,7 @@
 
 import torch
 
-from ..requests import is_greedy
+from ..requests import held_by, is_greedy, steady_logits
 
 ARGMAX_BLOCK = 128  # greedy_tokens: the row's maximum per block of this many logits first
 
@@ -25,6 +25,7 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """transformers' repetition penalty on logits [n, V]: the logits of tokens already in the row (`seen` [n, V]) are
     divided by `penalty` where positive, multiplied where negative."""
+    penalty = held_by(penalty, logits.dtype)  # 1e-300 would be 0 in float32: logits / 0
     return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
 
@@ -32,7 +33,8 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     """Next token of each row of logits [n, V]: argmax when greedy, else a draw from the filtered softmax: [n]."""
     if is_greedy(top_k, top_p):
         return greedy_tokens(logits)
-    probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    temperature, top_p = held_by(temperature, logits.dtype), held_by(top_p, logits.dtype)
+    probs = filter_logits(steady_logits(logits), temperature, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 

@@ -6,7 +6,6 @@ the decode back end "torch"), and `--engine DIR` asks an engine built earlier: t
 compared. `--json` also records the greedy answers to every question of the sample pictures (data/images/README.md).
 """
 
-import argparse
 import json
 import shlex
 import sys
@@ -16,12 +15,13 @@ from pathlib import Path
 
 import torch
 
-from .. import files
+from .. import files, options
 from ..chat import ModelAsRunner, ask_batch
 from ..checks.values import check_path
 from ..engine import BuildConfig, build_engine
 from ..infer import QWenInfer
 from ..limits import prompt_table_size
+from ..options import Parser
 from ..resources import images_dir, machine
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .course import default_checkpoint_dir, load_toy_model
@@ -70,6 +70,8 @@ def evaluate(model, tokenizer, seed=1, n=500, zero_table=False, batch_size=EVAL_
     """Accuracy per (kind, lang) and overall on `make_dataset(seed, n)` (or the given examples); `model` is the eager
     model or an engine (QWenInfer)."""
     examples = make_dataset(seed, n) if examples is None else examples
+    if not examples:
+        raise ValueError(f"no questions to evaluate (n={n}): ask for at least one (--n 1 or more)")
     hits = defaultdict(list)
     by_images = defaultdict(list)
     for e in examples:
@@ -123,13 +125,35 @@ def engine_config(dtype: str, weight_only=None) -> BuildConfig:
     )
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line options."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--n", type=int, default=500)
-    parser.add_argument("--checkpoint", default=None, help="checkpoint directory (default: the shipped toy model)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+MOST_QUESTIONS = 1_000_000  # --n: a held-out set of a million questions takes days on a CPU already
+
+
+def parser() -> Parser:
+    """`qwenvl-lab evaluate`'s options."""
+
+    def check(parser, args):
+        if args.weight_only is not None and args.dtype is None:
+            parser.error("--weight-only needs --dtype: the dtype of the activations beside the int8 weights")
+        if args.engine is not None and (args.dtype is not None or args.checkpoint is not None):
+            parser.error("--engine names a built engine: leave out --dtype, --weight-only and --checkpoint")
+        if args.json is not None:
+            try:  # checked before the questions are asked, not after
+                files.check_destination(
+                    args.json, JSON_WRITER, folder=False, overwrite=args.overwrite, need_bytes=2**20
+                )
+            except (OSError, ValueError) as err:
+                parser.error(f"--json: {err}")
+
+    parser = Parser(prog="qwenvl-lab evaluate", description=__doc__.splitlines()[0], check=check)
+    parser.add_argument("--seed", type=options.whole(0, options.SEED_MAX), default=1)
+    parser.add_argument("--n", type=options.whole(1, MOST_QUESTIONS), default=500, help="questions (default: 500)")
+    parser.add_argument(
+        "--checkpoint",
+        type=options.folder_with("config.json", "a Qwen-VL checkpoint directory"),
+        default=None,
+        help="checkpoint directory (default: the shipped toy model)",
+    )
+    parser.add_argument("--device", type=options.device, default="cpu", help="cpu or cuda (default: %(default)s)")
     parser.add_argument(
         "--dtype",
         choices=("float32", "float16", "bfloat16"),
@@ -141,10 +165,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("int8",),
         help="with --dtype: the engine's layer matrices in int8, one scale per output channel",
     )
-    parser.add_argument("--engine", type=Path, help="ask this engine directory (build_engine's) instead")
+    parser.add_argument(
+        "--engine",
+        type=options.folder_with("manifest.json", "an engine directory (qwenvl-lab build's)"),
+        help="ask this engine directory (build_engine's) instead",
+    )
     parser.add_argument(
         "--json",
-        type=Path,
+        type=options.output_file,
         help="write the accuracies and the sample pictures' answers here (a new file, or --overwrite)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
@@ -153,29 +181,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="leave out the two control passes (the tables zeroed, no picture): a third of the time",
     )
-    args = parser.parse_args(argv)
-    if args.n < 1:
-        parser.error(f"--n must be >= 1, got {args.n}")
-    if args.weight_only is not None and args.dtype is None:
-        parser.error("--weight-only needs --dtype: the dtype of the activations beside the int8 weights")
-    if args.engine is not None and (args.dtype is not None or args.checkpoint is not None):
-        parser.error("--engine names a built engine: leave out --dtype, --weight-only and --checkpoint")
-    if args.engine is not None and not args.engine.is_dir():
-        parser.error(f"--engine {str(args.engine)!r} is not a directory: give an engine directory (qwenvl-lab build)")
-    if args.json is not None:
-        try:  # checked before the questions are asked, not after
-            files.check_destination(args.json, JSON_WRITER, folder=False, overwrite=args.overwrite, need_bytes=2**20)
-        except (OSError, ValueError) as err:
-            parser.error(f"--json: {err}")
-    try:
-        kind = torch.device(args.device).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        parser.error(f"--device {args.device!r}: use cpu or cuda")
-    if kind == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA GPU here")
-    return args
+    return parser
 
 
 def engine_bytes(engine_dir: Path) -> dict:
@@ -235,7 +241,7 @@ def summary(result: dict, args, precision: str) -> str:
 
 def main(argv=None):
     """Command line: print accuracy per question kind and language, with the prompt table and zeroed."""
-    args = parse_args(argv)
+    args = parser().parse_args(argv)
     args.argv = argv
     with tempfile.TemporaryDirectory(prefix="qwenvl-evaluate-") as workdir:
         if args.engine is not None or args.dtype is not None:

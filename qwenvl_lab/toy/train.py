@@ -34,10 +34,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .. import files
+from .. import files, options
 from ..checkpoint import check_checkpoint_target, save_checkpoint
-from ..checks.values import check_path
+from ..checks.values import check_path, is_int, is_number
 from ..modeling import QWenLMHeadModel, QWenVLConfig
+from ..options import Parser
 from ..prompt_table import prompt_tuning_embedding, single_table_batch
 from ..resources import output_dir
 from ..tokenizing import IMAGE_END_ID, IMAGE_START_ID, load_tokenizer
@@ -257,14 +258,11 @@ class Trainer:
         self.stage, self.step, self.seconds = 0, 0, 0.0  # where the run stands; seconds of training so far
         self.model.train()
 
+    MODULES = ("vocab", "patch_probe", "answer_probe", "where_probe")
+
     def modules(self) -> dict:
         """The trained modules by name (the model without its two vocabulary matrices, which `vocab` holds)."""
-        return {
-            "vocab": self.vocab,
-            "patch_probe": self.patch_probe,
-            "answer_probe": self.answer_probe,
-            "where_probe": self.where_probe,
-        }
+        return {name: getattr(self, name) for name in self.MODULES}
 
     def body(self) -> list:
         """The model's parameters outside its vocabulary matrices."""
@@ -283,11 +281,14 @@ class Trainer:
             input_vit = self.model.transformer.visual(batch["pixels"])  # [N, 256, H]
             return self.patch_probe.loss(input_vit, batch, self.recipe.box_probe)
 
-    def chat_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stages 2 and 3: (answer loss, probes' loss) of a batch of chats."""
+    def chat_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stages 2 and 3: (answer loss, probes' loss) of a batch of chats; (NaN, None) once the vision tower's output
+        is no longer finite (its weights diverged), which the prompt table would refuse."""
         r, vocab_size = self.recipe, self.model.config.vocab_size
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             input_vit = self.model.transformer.visual(batch["pixels"])  # [N, 256, H]
+            if not torch.isfinite(input_vit).all():
+                return input_vit.new_full((), math.nan, dtype=torch.float32), None
             fake_ids, table, tasks, task_vocab_size = single_table_batch(batch["ids"], input_vit.float(), vocab_size)
             embeds = self.vocab.embed(fake_ids, table, tasks, task_vocab_size, vocab_size)  # [B, L, H]
             hidden, _ = self.model.transformer(inputs_embeds=embeds, attention_mask=batch["mask"])
@@ -380,11 +381,60 @@ def save_state(state_dir, state: dict, need_bytes: int = 0) -> None:
 
 
 def read_state(state_dir) -> dict | None:
-    """The training state saved in `state_dir`, or None when there is none yet."""
+    """The training state saved in `state_dir`, or None when there is none yet; a ValueError naming the file when it
+    holds something else (another program's file, a damaged state, a state of other settings)."""
     path = check_path("state_dir", state_dir) / STATE_FILE
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 — any file can lie there: whatever torch.load makes of it, it is not ours
+        raise ValueError(foreign_state(path, f"torch.load cannot read it: {type(err).__name__} {err}")) from None
+    keys = {"recipe", "stage", "step", "seconds", "model", "optimizer", "schedule", *Trainer.MODULES}
+    if not isinstance(state, dict) or not keys <= set(state) or not isinstance(state["recipe"], dict):
+        raise ValueError(foreign_state(path))
+    if set(state["recipe"]) != set(RECIPE_OPTIONS):
+        raise ValueError(
+            foreign_state(path, f"its recipe has other settings: {sorted(set(state['recipe']) ^ set(RECIPE_OPTIONS))}")
+        )
+    for key, value in state["recipe"].items():
+        try:
+            RECIPE_OPTIONS[key](str(value) if is_number(value) else "")  # the command line's own check of it
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(foreign_state(path, f"its recipe's {key} {err}")) from None
+    if not all(is_int(state[k]) and state[k] >= 0 for k in ("stage", "step")):
+        raise ValueError(foreign_state(path, f"stage {state['stage']!r}, step {state['step']!r}"))
+    return state
+
+
+def foreign_state(path: Path, reason: str = "") -> str:
+    """What to say about a file in a --state folder that is not a training state this run can resume."""
+    reason = " ".join(reason.split())[:200]
+    return (
+        f"--state: {path} is not a training state that qwenvl-lab train can resume"
+        + (f" ({reason})" if reason else "")
+        + ": give --state a folder of its own (a new or empty one starts afresh), or move that file away"
+    )
+
+
+def resume(trainer: Trainer, saved_state: dict | None, state_dir) -> dict | None:
+    """`trainer.load` of a saved state (None: nothing to resume); a ValueError naming the file when its weights do not
+    fit this model."""
+    if saved_state is None:
+        return None
+    try:
+        return trainer.load(saved_state)
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise ValueError(foreign_state(Path(state_dir) / STATE_FILE, str(err))) from None
+
+
+def diverged(loss: torch.Tensor, recipe: Recipe, label: str, step: int) -> str:
+    """What to say when training reaches a loss that is not a finite number: the weights have diverged."""
+    return (
+        f"training diverged at {label}, step {step}: the loss is {loss.item()}, so the weights are no longer finite "
+        f"numbers: most likely the learning rate is too large (--lr {recipe.lr:g}): try a smaller one (the default "
+        f"is {Recipe().lr:g}); nothing of this run was saved as a model"
+    )
 
 
 def _loader(dataset, start: int, workers: int, pin: bool):
@@ -431,7 +481,7 @@ def train(  # noqa: PLR0913 — the training command line's options, one argumen
             made=is_state,
         )
     trainer = Trainer(recipe, device)
-    resumed = trainer.load(saved_state) if saved_state is not None else None
+    resumed = resume(trainer, saved_state, state_dir)
     last_save = time.monotonic()
     for index, (name, label, steps, lr, batch_size, two_every) in enumerate(recipe.stages()):
         if index < trainer.stage or steps == 0:
@@ -464,6 +514,9 @@ def train(  # noqa: PLR0913 — the training command line's options, one argumen
                 loss, aux = trainer.vision_loss(batch), None
             else:
                 loss, aux = trainer.chat_loss(batch)
+            if not torch.isfinite((loss if aux is None else loss + aux).detach()):
+                bar.close()
+                raise ValueError(diverged(loss if aux is None else loss + aux, recipe, label, trainer.step + 1))
             opt.zero_grad(set_to_none=True)
             (loss if aux is None else loss + aux).backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -500,45 +553,83 @@ def default_output_dir() -> Path:
     return output_dir() / "toy-qwen-vl"
 
 
-def main(argv=None):
-    """Command line: python -m qwenvl_lab.toy.train [--device cuda] [--out DIR] [--state DIR --time-limit S] …"""
+# what each setting of the recipe accepts on the command line (a new setting needs its line here)
+RECIPE_OPTIONS = {
+    "seed": options.whole(0, options.SEED_MAX),
+    "batch_size": options.whole(1, 65536),
+    "lr": options.real(0, above=True),
+    "vision_steps": options.whole(0),
+    "steps": options.whole(0),
+    "sharpen_steps": options.whole(0),
+    "image_size": options.whole(14, 14 * 96, multiple=14),  # whole patches of 14 pixels
+    "picture_probe": options.real(0),
+    "probe_layer": options.whole(1, TOY_CONFIG["num_hidden_layers"]),
+    "box_probe": options.real(0),
+    "box_layer": options.whole(1, TOY_CONFIG["num_hidden_layers"]),
+    "digit_probe": options.real(0),
+    "digit_layer": options.whole(1, TOY_CONFIG["num_hidden_layers"]),
+    "where_weight": options.real(0),
+    "no_picture_every": options.whole(1),
+}
+
+
+def parser() -> Parser:
+    """`qwenvl-lab train`'s options: where the run goes, and every setting of the recipe."""
+
+    def check(parser, args):
+        if args.state is None and args.time_limit is not None:
+            parser.error("--time-limit needs --state DIR, where the run saves what it needs to resume")
+
     defaults = Recipe()
-    parser = argparse.ArgumentParser(prog="qwenvl-lab train", description=__doc__.splitlines()[0])
+    parser = Parser(prog="qwenvl-lab train", description=__doc__.splitlines()[0], check=check)
     parser.add_argument(
         "--out",
-        type=Path,
+        type=options.output_folder,
         default=None,
         help="a new or empty folder for the model (default: course-output/toy-qwen-vl)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace the checkpoint already in --out")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    parser.add_argument("--device", type=options.device, default="cpu", help="cpu or cuda (default: %(default)s)")
     parser.add_argument(
         "--workers",
-        type=int,
+        type=options.whole(0, 256),
         default=None,
         help="processes that make the batches (default: 0 on a CPU, up to 8 on a GPU)",
     )
     parser.add_argument(
         "--state",
-        type=Path,
+        type=options.output_folder,
         default=None,
         help="a folder for the training state: saved every --save-every seconds, resumed from when there",
     )
-    parser.add_argument("--time-limit", type=float, default=None, help="save the state and stop after S seconds")
-    parser.add_argument("--save-every", type=float, default=300.0, help="seconds between saved states (default: 300)")
     parser.add_argument(
-        "--eval-every", type=int, default=EVAL_EVERY, help="print a small held-out accuracy every N steps (0: never)"
+        "--time-limit", type=options.real(0, above=True), default=None, help="save the state and stop after S seconds"
+    )
+    parser.add_argument(
+        "--save-every",
+        type=options.real(0, above=True),
+        default=300.0,
+        help="seconds between saved states (default: 300)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=options.whole(0),
+        default=EVAL_EVERY,
+        help="print a small held-out accuracy every N steps (0: never)",
     )
     for field in dataclasses.fields(Recipe):
         parser.add_argument(
             f"--{field.name.replace('_', '-')}",
-            type=type(getattr(defaults, field.name)),
+            type=RECIPE_OPTIONS[field.name],
             default=getattr(defaults, field.name),
             help="(default: %(default)s)",
         )
-    args = parser.parse_args(argv)
-    if args.state is None and args.time_limit is not None:
-        parser.error("--time-limit needs --state DIR, where the run saves what it needs to resume")
+    return parser
+
+
+def main(argv=None):
+    """Command line: python -m qwenvl_lab.toy.train [--device cuda] [--out DIR] [--state DIR --time-limit S] …"""
+    args = parser().parse_args(argv)
     recipe = Recipe(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Recipe)})
     workers = (
         args.workers

@@ -15,20 +15,20 @@ rank 0 runs the vision plan and gets the answer, as in TensorRT-LLM, whose execu
 other ranks itself.
 """
 
-import argparse
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from .. import chat, files
+from .. import chat, files, options
 from ..answer_stages import record_answer
 from ..checks.tensors import dtype_name, to_torch_dtype
 from ..checks.values import check_path
 from ..dump import DumpRecorder, check_dump_target, versions
 from ..files import field, read_json
 from ..limits import BuildConfig
+from ..options import Parser
 from ..tokenizing import IMG_TOKEN_SPAN, load_tokenizer
 from .build_command import run_trtllm_build, trtllm_build_command
 from .gpu import GPUStackError
@@ -272,18 +272,38 @@ def run_gpu_steps(  # noqa: PLR0913 — the pipeline command line's options, one
     return answer
 
 
-def main(argv=None) -> int:
-    """The command line; exit status 3 when it stops at a GPU step on a machine without the TensorRT stack."""
-    parser = argparse.ArgumentParser(prog="qwenvl-lab trtllm", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="a Qwen-VL checkpoint directory (the course's)")
-    parser.add_argument("--image", required=True, help="a picture file")
-    parser.add_argument("--question", default="图片里是什么？")
-    parser.add_argument("--workdir", required=True, help="where the ONNX file, checkpoint, command, plan and engine go")
+def parser() -> Parser:
+    """`qwenvl-lab trtllm`'s options."""
+
+    def check(parser, args):
+        if args.dump is not None:
+            if args.stage == "prepare":
+                parser.error("--dump records the GPU stage's answer: use it with --stage gpu or all")
+            try:
+                check_dump_target(args.dump, args.overwrite_dump)
+            except (OSError, ValueError) as err:
+                parser.error(f"--dump {' '.join(str(err).split())}")
+
+    parser = Parser(prog="qwenvl-lab trtllm", description=__doc__.split("\n")[0], check=check)
+    parser.add_argument(
+        "--checkpoint",
+        type=options.folder_with("config.json", "a Qwen-VL checkpoint directory (data/toy-qwen-vl?)"),
+        required=True,
+        help="a Qwen-VL checkpoint directory (the course's)",
+    )
+    parser.add_argument("--image", type=options.picture, required=True, help="a picture file")
+    parser.add_argument("--question", type=options.text, default="图片里是什么？")
+    parser.add_argument(
+        "--workdir",
+        type=options.output_folder,
+        required=True,
+        help="where the ONNX file, checkpoint, command, plan and engine go",
+    )
     parser.add_argument("--stage", choices=("all", "prepare", "gpu"), default="all")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=options.whole(1), default=64)
     parser.add_argument(
         "--tp-size",
-        type=positive_int,
+        type=options.whole(1, 64),
         default=None,
         help="tensor parallelism: prepare splits the checkpoint for this many GPUs (default 1); the GPU stage, run "
         "under mpirun -n TP_SIZE, checks it against the prepared checkpoint",
@@ -296,6 +316,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--dump",
+        type=options.output_file,
         help="GPU stage: record the answer's stages in this per-stage dump (qwenvl-lab diff compares it)",
     )
     parser.add_argument("--overwrite-dump", action="store_true", help="replace a dump written earlier at --dump")
@@ -304,18 +325,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="prepare stage: also save our PyTorch model's answer (slow on CPU for the full model)",
     )
-    args = parser.parse_args(argv)
-    if not Path(args.image).is_file():
-        parser.error(f"image not found: {args.image!r}")
-    if not Path(args.checkpoint).is_dir():
-        parser.error(f"checkpoint directory not found: {args.checkpoint!r} (a Qwen-VL checkpoint: data/toy-qwen-vl?)")
-    if args.dump is not None:
-        if args.stage == "prepare":
-            parser.error("--dump records the GPU stage's answer: use it with --stage gpu or all")
-        try:
-            check_dump_target(args.dump, args.overwrite_dump)
-        except (OSError, ValueError) as err:
-            parser.error(f"--dump {' '.join(str(err).split())}")
+    return parser
+
+
+def main(argv=None) -> int:
+    """The command line; exit status 3 when it stops at a GPU step on a machine without the TensorRT stack."""
+    args = parser().parse_args(argv)
     if args.stage != "gpu" and launcher_world_size() > 1:
         print(
             f"error: --stage {args.stage} runs once, in one process: run --stage prepare without mpirun, then the "
@@ -360,17 +375,6 @@ def main(argv=None) -> int:
         )
         return 1
     return 0
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 if __name__ == "__main__":
