@@ -23,6 +23,7 @@ import torch
 from .checks.tensors import INT32_MAX, as_id_list, dtype_name
 from .checks.values import check_int, check_path
 from .files import field, read_json
+from .img_pos import locate_img_pos, span_lengths
 from .limits import BuildConfig
 from .pictures import load_image
 from .prompt_table import per_request_tables
@@ -54,6 +55,11 @@ SYSTEM = "You are a helpful assistant."
 STOP_IDS = (IM_END_ID, IM_START_ID)  # Qwen-VL-Chat's stop words: the end of its turn, or the start of another
 SPAN_NAME = "picture{k}.png"  # the path written into the span of a picture given as an image object
 UNLIMITED = INT32_MAX  # ModelAsRunner's batch, beam and table limits: none
+
+
+def as_pictures(pictures) -> list:
+    """A turn's pictures as a list: None or () for none, one picture (a path or an image) alone, or a list of them."""
+    return [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
 
 
 def picture_name(picture, k: int) -> str:
@@ -142,8 +148,15 @@ def prompt_inputs(runner, prompts, input_vit=None) -> EngineInputs:
     return EngineInputs(requests, table, tasks, torch.tensor([rows], dtype=torch.int32))
 
 
-def engine_inputs(
-    runner, vision, tokenizer: QWenTokenizer, questions, history=None, system: str = SYSTEM, input_vit=None
+def engine_inputs(  # noqa: PLR0913 — the answer path's inputs, each the caller's to choose
+    runner,
+    vision,
+    tokenizer: QWenTokenizer,
+    questions,
+    history=None,
+    system: str = SYSTEM,
+    input_vit=None,
+    max_window_size: int = 6144,
 ):
     """Engine inputs of a batch of (pictures, question) pairs, each after the same history.
 
@@ -155,7 +168,9 @@ def engine_inputs(
     history, questions = [] if history is None else list(history), list(questions)
     if not questions:
         raise ValueError("no questions: give at least one (pictures, question) pair, e.g. [([path], '图片里是什么？')]")
-    turns = [make_prompt(tokenizer, question, pictures, history, system) for pictures, question in questions]
+    turns = [
+        make_prompt(tokenizer, question, pictures, history, system, max_window_size) for pictures, question in questions
+    ]
     earlier = [p for turn_query, _ in history for p in query_pictures(turn_query)]
     pictures = [p for query, ids in turns for p in context_pictures(query.pictures, earlier, ids)]  # in span order
     if pictures and vision is None and input_vit is None:
@@ -261,7 +276,7 @@ def ask(
     With a vision encoder each picture is read once, here, and the new turn keeps it as read (its span still names
     its path): a later turn shows it as this one did, whatever its file holds by then, as a Conversation does. With
     vision=None the model reads every picture from its path in every turn (Qwen-VL's original way)."""
-    pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
+    pictures = as_pictures(pictures)
     history = [] if history is None else list(history)
     seen = pictures if vision is None else [load_image(p) for p in pictures]
     names = [picture_name(p, k + 1) for k, p in enumerate(pictures)]
@@ -449,6 +464,11 @@ def picture_key(picture) -> str:
     return f"{picture.width}x{picture.height}:" + hashlib.sha256(picture.tobytes()).hexdigest()
 
 
+def picture_rows(ids) -> int:
+    """The prompt-table rows the pictures of context ids [L] take: their image spans' lengths (img_pos)."""
+    return sum(span_lengths(locate_img_pos(torch.tensor([list(ids)]), span=None)))
+
+
 def prompt_limits(runner) -> tuple[int, int | None]:
     """(most ids, most prompt-table rows) one request may send to a runner and still get an answer: its max_input_len
     (at most max_seq_len − 1, room for one new token) and the table rows it accepts per request (None: no limit)."""
@@ -484,9 +504,9 @@ class Conversation:
         self.pictures: list = []  # every picture given, in order
         self.left_out = 0  # history turns the last question's prompt left out, the oldest, to fit the engine
         self._keys: list = []  # the picture_key of each picture of each turn, as it was when given
-        self._sizes: list = []  # (ids, image spans) of each turn as make_context lays it out in a prompt
+        self._sizes: list = []  # (ids, prompt-table rows) of each turn as make_context lays it out in a prompt
         self._first = 0  # the first turn a prompt may still hold: every turn before it is out for good
-        self._held = [0, 0]  # (ids, image spans) of the turns from _first on
+        self._held = [0, 0]  # (ids, prompt-table rows) of the turns from _first on
         self._users: dict = {}  # picture_key → how many pictures of the turns from _first on show it
 
     def ask(self, question: str, pictures=(), **overrides) -> str:
@@ -497,7 +517,7 @@ class Conversation:
         """Yield the answer's text as it is generated; the turn joins the history when the stream ends (also when it
         is closed early: the answer so far). `overrides` change GenerationSettings for this turn."""
         settings = replace(self.settings, **overrides)
-        pictures = [] if pictures is None else list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
+        pictures = as_pictures(pictures)
         loaded = [load_image(p) for p in pictures]  # read once: what this turn shows, whatever the file holds later
         keys = [picture_key(image) for image in loaded]
         names = [picture_name(p, len(self.pictures) + k + 1) for k, p in enumerate(pictures)]
@@ -508,14 +528,20 @@ class Conversation:
         if new:
             with torch.inference_mode():
                 features.update(zip(new, self.vision.encode(list(new.values())).cpu()))  # [256, H] each
-        inputs = prompt_inputs(
-            self.runner, [ids], torch.stack([features[k] for k in in_context]) if in_context else None
-        )
-        steps = self.runner.generate(
-            **inputs._asdict(),
-            max_new_tokens=min(settings.max_new_tokens, self.runner.max_seq_len - len(ids)),
-            end_id=IM_END_ID,
-            pad_id=IM_END_ID,
+        input_vit = torch.stack([features[k] for k in in_context]) if in_context else None  # [N, 256, H]
+        inputs = engine_inputs(
+            self.runner, None, self.tokenizer, [(pictures, question)], self.history[start:], self.system, input_vit,
+            settings.max_window_size,
+        )  # fmt: skip
+        batch, table, tasks, task_vocab_size = inputs
+        room = room_for_answer(self.runner.max_seq_len, len(ids))
+        steps = generate_for_qwenvl(
+            self.runner,
+            batch,
+            min(settings.max_new_tokens, room),  # a chat's max_new_tokens is a bound: no warning when it is cut
+            table,
+            tasks,
+            task_vocab_size,
             stop_words_list=[[(IM_START_ID,)]],
             multimodal_hashes=[in_context],  # each picture by its pixels: what KV-cache reuse keys its blocks by
             streaming=True,
@@ -554,8 +580,8 @@ class Conversation:
         ids = self.tokenizer.encode_query(history_turn(query, answer))
         self.history.append((query, answer))
         self._keys.append(keys)
-        self._sizes.append((len(ids), ids.count(IMAGE_START_ID)))
-        self._held = [self._held[0] + len(ids), self._held[1] + ids.count(IMAGE_START_ID)]
+        self._sizes.append((len(ids), picture_rows(ids)))
+        self._held = [self._held[0] + len(ids), self._held[1] + picture_rows(ids)]
         for key in keys:
             self._users[key] = self._users.get(key, 0) + 1
         self._forget_turns_out_for_good(*prompt_limits(self.runner))
@@ -566,11 +592,10 @@ class Conversation:
         grows). Their pictures' features go, unless a later turn shows the same picture."""
         shortest = len(make_prompt(self.tokenizer, "", (), None, self.system)[1])  # no question, no picture
         while self._first < len(self.history) and (
-            shortest + self._held[0] > most_ids
-            or (most_rows is not None and self._held[1] * IMG_TOKEN_SPAN > most_rows)
+            shortest + self._held[0] > most_ids or (most_rows is not None and self._held[1] > most_rows)
         ):
-            size, spans = self._sizes[self._first]
-            self._held = [self._held[0] - size, self._held[1] - spans]
+            size, rows = self._sizes[self._first]
+            self._held = [self._held[0] - size, self._held[1] - rows]
             for key in self._keys[self._first]:
                 self._users[key] -= 1
                 if not self._users[key]:
@@ -584,7 +609,7 @@ class Conversation:
         alone fits. The search goes on from the first turn that can still return, adding up the turns' sizes."""
         most_ids, most_rows = prompt_limits(self.runner)
         query, alone = make_prompt(self.tokenizer, question, pictures, None, self.system, max_window_size, names)
-        rows = alone.count(IMAGE_START_ID) * IMG_TOKEN_SPAN
+        rows = picture_rows(alone)
         if len(alone) > most_ids or (most_rows is not None and rows > most_rows):
             raise ValueError(
                 f"this question with its {len(pictures)} picture(s) needs {len(alone)} ids and {rows} prompt-table "
@@ -593,9 +618,9 @@ class Conversation:
                 + " per question: ask with fewer pictures or a shorter question, or rebuild the engine with larger "
                 "limits"
             )
-        start, (size, spans) = self._first, self._held
-        while len(alone) + size > most_ids or (most_rows is not None and rows + spans * IMG_TOKEN_SPAN > most_rows):
-            size, spans = size - self._sizes[start][0], spans - self._sizes[start][1]
+        start, (size, held) = self._first, self._held
+        while len(alone) + size > most_ids or (most_rows is not None and rows + held > most_rows):
+            size, held = size - self._sizes[start][0], held - self._sizes[start][1]
             start += 1
         # make_context keeps the same turns or fewer (max_window_size), newest first: a prompt the runner accepts
         query, ids = make_prompt(
