@@ -115,6 +115,7 @@ def test_jupyterlab_sees_the_news_announcements_switched_off():
 
 
 def test_command_line_copies_then_prints_the_command(monkeypatch, course, capsys):
+    monkeypatch.setattr(lab, "missing_jupyterlab", lambda root, python=None: None)  # as where the extra is in
     monkeypatch.setattr(lab, "course_root", lambda: course)
     assert lab.main(["--print-command", "--ip=0.0.0.0", "--no-browser"]) == 0
     out = capsys.readouterr().out
@@ -153,6 +154,7 @@ def test_a_learners_folder_links_to_the_course_and_keeps_its_own_entries(course,
 
 
 def test_workdir_takes_the_copies_and_outputs_of_a_shared_install(monkeypatch, course, tmp_path, capsys):
+    monkeypatch.setattr(lab, "missing_jupyterlab", lambda root, python=None: None)  # as where the extra is in
     monkeypatch.setattr(lab, "course_root", lambda: course)
     mine = tmp_path / "home" / "qwenvl-lab"
     assert lab.main(["--workdir", str(mine), "--print-command"]) == 0
@@ -312,6 +314,7 @@ def test_under_a_python_without_jupyterlab_it_names_the_courses_python_and_copie
 
 
 def test_no_copy_gives_the_server_its_settings_and_nothing_else(monkeypatch, course, tmp_path, capsys):
+    monkeypatch.setattr(lab, "missing_jupyterlab", lambda root, python=None: None)  # as where the extra is in
     monkeypatch.setattr(lab, "course_root", lambda: course)
     home = tmp_path / "home"
     assert lab.main(["--workdir", str(home), "--no-copy", "--print-command"]) == 0

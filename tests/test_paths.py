@@ -66,6 +66,7 @@ NOT_PATHS = {
     "qwenvl_lab.engine.decode.triton_step.TritonDecode.__init__": "tuning_file: a runner's own",
     "qwenvl_lab.engine.runner.ModelRunner.__init__": "engine_dir, tuning_file: a loaded engine's, already checked",
     "qwenvl_lab.engine.runner.ModelRunner.from_model": "tuning_file: the benchmark's own",
+    "qwenvl_lab.chat.as_pictures": "pictures: only made a list; each is read through pictures.load_image",
     "qwenvl_lab.cli.answer_turn": "pictures: attached by /image, each checked there (cli.attach)",
     "qwenvl_lab.bench.first_answers": "workdir: the benchmark's own temporary folder",
     "qwenvl_lab.bench.load_model": "workdir: the benchmark's own temporary folder",

@@ -17,6 +17,7 @@ import ast
 import contextlib
 import importlib
 import io
+import json
 import os
 import pickle
 import pkgutil
@@ -293,8 +294,21 @@ def snapshot(folder: Path) -> dict:
         if path.is_symlink():
             found[rel] = ("link", os.readlink(path))
         elif path.is_file() and path.name != files.MARK:
-            found[rel] = path.read_bytes().replace(str(folder).encode(), b"<dir>").replace(b" --overwrite", b"")
+            data = path.read_bytes().replace(str(folder).encode(), b"<dir>").replace(b" --overwrite", b"")
+            found[rel] = sorted_header(data) if path.suffix == ".safetensors" else data
     return found
+
+
+def sorted_header(data: bytes) -> bytes:
+    """A safetensors file with its JSON header's keys sorted: the library writes its metadata in hash order, which
+    differs from one save to the next; a partial file stays as it is."""
+    size = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (ValueError, UnicodeDecodeError):
+        return data
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
 
 
 def visible(snap: dict) -> dict:

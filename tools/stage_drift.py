@@ -13,6 +13,7 @@ and compared with it; the JSON is rewritten after every engine, so a run cut sho
 import argparse
 import json
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
     """Record the eager model and the engine in each dtype and back end, compare each with the eager model, write
     `stage_drift-<model>.json` in --out."""
     args = parse(argv)
+    args.argv = sys.argv[1:] if argv is None else [str(a) for a in argv]  # the command, as JSON records it
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 is float32: no TF32 in the reference
     torch.backends.cudnn.allow_tf32 = False
@@ -194,7 +196,7 @@ def results_of(args, device, notes: dict, built: float, runs: list) -> dict:
     """The JSON written: the hardware, the command, the model, the versions, and each engine's comparison."""
     return {
         "hardware": hardware(device),
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": "python tools/stage_drift.py " + shlex.join(args.argv),
         "model": args.model,
         "sizes": notes,
         "versions": versions(),
