@@ -1,6 +1,7 @@
 """Exercises of notebook 05 (building the engine): the table size, and the limits an engine is built with."""
 
 from ...limits import BuildConfig, prompt_table_size
+from ...tokenizing import IMG_TOKEN_SPAN
 from . import exercise, whole_number
 from .selfcheck import Question, right, wrong
 
@@ -21,7 +22,7 @@ def check_table_size(size):
         return "that is one request's share; the engine holds a block for every request it may run at once"
     if size == prompt_table_size(TABLE_BUILD, images_per_request=1):
         return "that holds one picture per request; each request may bring three"
-    if size > smallest and size % (TABLE_BUILD.max_batch_size * 256) == 0:
+    if size > smallest and size % prompt_table_size(TABLE_BUILD, images_per_request=1) == 0:
         return (
             "that works, but holds more rows than needed: the smallest is the rows one picture fills × the "
             "pictures one request may bring × the requests at once"
@@ -88,13 +89,15 @@ def check_build_config(build):
 def SELF_CHECK():
     """Notebook 05's self-check: its right options computed by the package's build limits."""
     size = prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=2)
+    one_request = prompt_table_size(BuildConfig(max_batch_size=1), images_per_request=2)
+    one_picture_each = prompt_table_size(BuildConfig(max_batch_size=4), images_per_request=1)
     return (
         Question(
             "What must `--max_prompt_embedding_table_size` be for up to 4 requests of up to 2 pictures each?",
             (
-                wrong(str(2 * 256), "that is one request's share; the engine holds rows for every request at once"),
-                wrong(str(4 * 256), "that holds one picture per request"),
-                right(str(size), "256 rows × 2 pictures × 4 requests"),
+                wrong(str(one_request), "that is one request's share; the engine holds rows for every request at once"),
+                wrong(str(one_picture_each), "that holds one picture per request"),
+                right(str(size), f"{IMG_TOKEN_SPAN} rows × 2 pictures × 4 requests"),
                 wrong("8", "the flag counts table rows, not pictures"),
             ),
         ),
