@@ -51,6 +51,19 @@ def test_verdict_range_counts_the_settings_inside():
         fc.verdict_range("C8", 5, 3, {2: 4.0}, "batch")
 
 
+def test_verdict_parts_needs_every_part_measured_and_holding_to_confirm():
+    assert fc.verdict_parts("C19", {"memory": True, "quality": True}, "e").verdict == "confirmed"
+    partly = fc.verdict_parts("C19", {"memory": True, "quality of the real model": None}, "e")
+    assert partly.verdict == "partly confirmed" and "quality of the real model: not checkable here" in partly.evidence
+    assert fc.verdict_parts("C19", {"memory": True, "quality": False}, "e").verdict == "partly confirmed"
+    assert fc.verdict_parts("C19", {"memory": False, "quality": None}, "e").verdict == "corrected"
+    assert fc.verdict_parts("C19", {"memory": np.float64(2.0) > 1.0}, "e").verdict == "confirmed"
+    with pytest.raises(ValueError, match="no part was measured"):
+        fc.verdict_parts("C19", {"quality": None}, "e")
+    with pytest.raises(ValueError, match="True, False or None"):
+        fc.verdict_parts("C19", {"memory": "yes"}, "e")
+
+
 def test_settle_holds_a_measured_verdict_to_the_recorded_one():
     assert fc.settle(fc.verdict("C5", True, "flat")).id == "C5"  # recorded: confirmed, measured
     with pytest.raises(ValueError, match="records 'confirmed'"):

@@ -81,6 +81,24 @@ def verdict_range(claim: str, low: float, high: float, measured: dict, what: str
     return Verdict(claim, label, f"measured {values}{where}")
 
 
+def verdict_parts(claim: str, parts: dict, evidence: str) -> Verdict:
+    """A claim of several parts against what was measured of each ({part: True, False, or None where it is not
+    checkable here}): confirmed when every part was measured and holds, corrected when every measured part fails,
+    partly confirmed otherwise (some hold, or some could not be measured)."""
+    if not parts or not all(v is None or isinstance(v, (bool, np.bool_)) for v in parts.values()):
+        raise ValueError(f"give each part True, False or None (not checkable here), got {parts!r}")
+    measured = [bool(v) for v in parts.values() if v is not None]
+    if not measured:
+        raise ValueError(f"{claim}: no part was measured: its evidence is 'not checkable here', not a verdict")
+    if len(measured) == len(parts) and all(measured):
+        label = "confirmed"
+    else:
+        label = "partly confirmed" if any(measured) else "corrected"
+    said = {True: "holds", False: "does not hold", None: "not checkable here"}
+    said = "; ".join(f"{part}: {said[None if v is None else bool(v)]}" for part, v in parts.items())
+    return Verdict(claim, label, f"{evidence} ({said})")
+
+
 def settle(result: Verdict) -> Claim:
     """The recorded claim a measurement settles, once the measured verdict is the recorded one (else ValueError: the
     measurement no longer supports what docs/articles.md states)."""
