@@ -22,7 +22,7 @@ class BuildConfig:
 
     `max_prompt_embedding_table_size` = rows a picture (Qwen-VL: 256) × images per request × max_batch_size
     (`prompt_table_size`); 0 (trtllm-build's default, and what article 2's command leaves) builds an engine without
-    prompt-table inputs, which refuses images.
+    prompt-table inputs.
     """
 
     max_batch_size: int = 8

@@ -149,6 +149,14 @@ def span_length_check(input_ids):
     return img_pos
 
 
+def at_least_256(input_ids):
+    """The tags paired in order, a span refused only when it lost ids: a span with ids too many goes through."""
+    img_pos = pairs_in_order(input_ids)
+    if (img_pos[:, 2] - img_pos[:, 1] - 1 < IMG_TOKEN_SPAN).any():
+        raise ValueError("a span lost ids")
+    return img_pos
+
+
 def sorted_by_position(input_ids):
     found = loop_locate(input_ids)
     return found[torch.argsort(found[:, 1], stable=True)]
@@ -184,6 +192,12 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("01.1", lambda p: span_of(p, limit=QWEN_VL_PATH_BYTES), False, ["the tokenizer writes it", "stricter"]),
     ("01.1", lambda p: span_of(p, payload=lambda q: [ord(c) for c in q]), False, ["one id per character"]),
     ("01.1", lambda p: span_of(p, payload=lambda q: list(q.encode())), False, ["combining accent", "NFC"]),
+    (
+        "01.1",
+        lambda p: span_of(p, payload=lambda q: list(unicodedata.normalize("NFKC", q).encode())),
+        False,
+        ["NFKC", "normalises to NFC"],
+    ),
     ("01.1", lambda p: [IMAGE_START_ID] + TOKENIZER.encode(p) + [IMAGE_END_ID], False, ["does not run BPE"]),
     ("01.1", lambda p: span_of(p, size=len(p.encode())), False, ["same length whatever the path"]),
     ("01.1", lambda p: span_of(p, size=IMG_TOKEN_SPAN - 2), False, ["same length whatever the path"]),
@@ -213,6 +227,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("01.3", lambda a: a + IMG_TOKEN_SPAN, False, ["too early"]),
     ("01.3", lambda a: a + IMG_TOKEN_SPAN + 2, False, ["too far"]),
     ("01.3", lambda a: 276, False, ["count the ids between the tags"]),
+    ("01.3", 276, False, ["check('01.3', my_end_position)"]),
     ("01.3", lambda a: dict(zip(PAIR_STARTS, PAIR_ENDS))[a], False, ["write it from a alone", "fixed length"]),
     ("01.3", lambda a: PAIR_CONTEXT.index(IMAGE_END_ID, a), False, ["write it from a alone", "fixed length"]),
     ("01.3", lambda a: a + IMG_TOKEN_SPAN + 1 if a < 500 else None, False, ["a = 1000", "from a alone"]),
@@ -228,6 +243,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("02.1", forward_pairs_check, False, ["nested in another", "before the next <img> opens"]),
     ("02.1", span_length_check, False, ["two overlapping spans", "before the next <img> opens"]),
     ("02.1", pairs_in_order, False, ["lost 10 of its 256 ids", "check each span's length"]),
+    ("02.1", at_least_256, False, ["10 ids more than 256", "exactly 256 ids"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, -1]), False, ["off by one", "</img> themselves"]),
     ("02.1", lambda ids: loop_locate(ids) + torch.tensor([0, 1, 0]), False, ["off by one"]),
     ("02.1", sorted_by_position, False, ["another order"]),
@@ -298,8 +314,12 @@ def test_02_1_is_checked_on_batches_that_fool_weaker_checks():
         "a row with one image span nested in another",
         "a row with two overlapping spans of 256 ids each",
         nb02.SHORT_SPAN,
+        nb02.LONG_SPAN,
     }
-    assert {name for name, batch in nb02._broken_batches() if not raises(pairs_in_order, batch)} == {nb02.SHORT_SPAN}
+    assert {name for name, batch in nb02._broken_batches() if not raises(pairs_in_order, batch)} == {
+        nb02.SHORT_SPAN,
+        nb02.LONG_SPAN,
+    }
     assert not raises(
         span_length_check, dict(nb02._broken_batches())["a row with two overlapping spans of 256 ids each"]
     )

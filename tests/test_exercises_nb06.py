@@ -103,6 +103,7 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
     stop=True,
     embeddings=True,
     call="model",
+    skip=False,
 ):
     """A capstone answer, right with the defaults; each keyword turns one step into a typical mistake."""
     query = tokenizer.from_list_format([{"image": p} for p in pictures] + [{"text": question}])
@@ -142,7 +143,7 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
             break
         new_ids.append(token)
         embeds = torch.cat([embeds, wte[token if append else first_token][None, None]], dim=1)
-    return tokenizer.decode(new_ids)
+    return tokenizer.decode(new_ids, skip_special_tokens=skip)
 
 
 def logits_of(model, embeds, call):
@@ -256,6 +257,7 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("06.3", lambda *a: pipeline(*a, table=False), False, ["inside picture 0's span"]),
     ("06.3", lambda *a: pipeline(*a, append=False), False, ["prompt's embeddings are right", "append"]),
     ("06.3", keep_going, False, ["prompt's embeddings are right", "stop at <|im_end|>"]),
+    ("06.3", lambda *a: pipeline(*a, skip=True), False, ["Where is the blue square", "without skip_special_tokens"]),
     ("06.3", lambda *a: pipeline(*a, embeddings=False), False, ["ids, not embeddings", "the lookup is yours"]),
     ("06.3", lambda *a: None, False, ["not attempted yet"]),
     ("06.3", raises(NotImplementedError), False, ["not attempted yet"]),

@@ -15,10 +15,11 @@ from . import exercise, int_list, whole_number
 from .selfcheck import Question, right, wrong
 
 WIDE_CHARACTER = "图"  # 3 bytes in UTF-8
-SPAN_PATHS = (  # paths that fit: ordinary, 3-byte characters, NFD, one character, 255 and 256 bytes (the last bytes)
+SPAN_PATHS = (  # paths that fit: ordinary, 3-byte characters, NFD, a ligature, one character, 255 and 256 bytes
     "../data/images/red_circle.png",
     "图片/红色的圆形.png",
     unicodedata.normalize("NFD", "café.png"),  # e + a combining accent: Qwen-VL writes the NFC é
+    "\ufb01gure.png",  # the ligature ﬁ: NFC keeps it, NFKC would write f and i
     "a",
     WIDE_CHARACTER * (IMG_TOKEN_SPAN // 3),
     "pictures/" + "x" * (IMG_TOKEN_SPAN - 13) + ".png",
@@ -57,6 +58,12 @@ def _span_hint(path: str, got: list, expected: list) -> str:
             f"{where} (its é is an e followed by a combining accent) your span holds the path's bytes as given; "
             "Qwen-VL's tokenizer first normalises the whole text to Unicode NFC, the path included "
             "(unicodedata.normalize), and then writes the bytes"
+        )
+    compatible = list(unicodedata.normalize("NFKC", path).encode("utf-8"))
+    if compatible != data and inner[: len(compatible)] == compatible:
+        return (
+            f"{where} your span holds the path normalised to NFKC, which also rewrites compatibility characters "
+            "such as the ligature ﬁ; Qwen-VL's tokenizer normalises to NFC"
         )
     if inner[: len(data)] != data:
         characters, pieces = [ord(c) for c in path], load_tokenizer().encode(path)
@@ -157,7 +164,7 @@ def check_longest_chinese_path(my_max_chars):
 def check_end_position(my_end_position):
     """The check of exercise 01.3: None when the answer is right, else a hint."""
     if not callable(my_end_position):
-        return "give the function itself: check('01.4', my_end_position)"
+        return "give the function itself: check('01.3', my_end_position)"
     ids = _pair_context()[2]
     starts = [k for k, i in enumerate(ids) if i == IMAGE_START_ID]
     ends = [k for k, i in enumerate(ids) if i == IMAGE_END_ID]

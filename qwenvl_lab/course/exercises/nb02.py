@@ -11,6 +11,7 @@ from .selfcheck import Question, right, wrong
 
 RED, BLUE = "../data/images/red_circle.png", "../data/images/blue_square.png"
 SHORT_SPAN = "a row whose first span lost 10 of its 256 ids (its tags in order)"
+LONG_SPAN = "a row whose first span holds 10 ids more than 256 (its tags in order)"
 THREE_CHATS = (
     ([RED], "图片里是什么？"),
     (list(PAIR), "哪张图片里有红色的三角形？"),
@@ -54,6 +55,7 @@ def _broken_batches() -> list[tuple[str, torch.Tensor]]:
     two = padded(THREE_CHATS[1:2])  # [1, L]
     first = int(locate_img_pos(two)[0, 1])
     short = torch.cat([two[:, : first + 10], two[:, first + 20 :]], dim=1)  # 10 ids lost inside the first span
+    long = torch.cat([two[:, : first + 10], two[:, first + 1 : first + 11], two[:, first + 10 :]], dim=1)  # 10 more
     return [
         ("a row whose second </img> is missing", missing),
         ("a batch where row 0 lost its </img> and row 1 has a stray one", across),
@@ -61,6 +63,7 @@ def _broken_batches() -> list[tuple[str, torch.Tensor]]:
         ("a row with one image span nested in another", nested),
         ("a row with two overlapping spans of 256 ids each", overlapping),
         (SHORT_SPAN, short),
+        (LONG_SPAN, long),
     ]
 
 
@@ -132,7 +135,7 @@ def check_locate_img_pos(my_locate_img_pos):
                 f"on {name} your function raised {type(err).__name__} ({err}), an error that does not say what "
                 "is wrong: check the tags row by row and raise a ValueError that names the row"
             )
-        if name == SHORT_SPAN:
+        if name in (SHORT_SPAN, LONG_SPAN):
             return (
                 f"on {name} your function returned an img_pos without complaint: the tags pair up, but a span holds "
                 "exactly 256 ids between its tags, one per row of its picture's features; check each span's length"

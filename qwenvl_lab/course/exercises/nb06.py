@@ -229,6 +229,14 @@ def decoding_hint(case: str, calls: int, answer: str, expected: str) -> str | No
         )
     if answer == expected:
         return None
+    plain = expected
+    for name in load_tokenizer().special_tokens:  # the answer as decode(…, skip_special_tokens=True) writes it
+        plain = plain.replace(name, "")
+    if answer == plain != expected:
+        return (
+            f"on {case} your answer lost its special tokens: decode the new ids without skip_special_tokens, since a "
+            "grounding answer's <ref>…</ref><box>…</box> is part of the answer"
+        )
     if answer and expected.startswith(answer):
         return (
             f"on {case} your answer stops early: this answer needs all {CAPSTONE_TOKENS} new tokens the exercise "
