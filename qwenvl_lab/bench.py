@@ -44,6 +44,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import files, options
+from .chat import Conversation, GenerationSettings, make_prompt
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .checks.tensors import WEIGHT_ONLY, to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
@@ -53,9 +54,17 @@ from .engine.layers import matrix
 from .layout import to_trtllm_names
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
 from .options import Parser
-from .prompt_table import prompt_tuning_embedding
+from .prompt_table import prompt_tuning_embedding, single_table_batch
 from .resources import images_dir, machine
-from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
+from .tokenizing import (
+    ENDOFTEXT_ID,
+    IM_END_ID,
+    IM_START_ID,
+    IMAGE_END_ID,
+    IMAGE_START_ID,
+    IMG_TOKEN_SPAN,
+    load_tokenizer,
+)
 from .toy import TOY_DIR
 from .unified_checkpoint import trtllm_config, weight_only_quantize
 
@@ -400,44 +409,24 @@ def qwen_vl_chat_model(device: torch.device, dtype: torch.dtype) -> QWenLMHeadMo
     return model.eval().requires_grad_(False)
 
 
-def make_requests(count: int, vocab_size: int, seed: int) -> list[torch.Tensor]:
-    """`count` prompts in the chat layout around one picture span of fake ids (request i reads table rows 256·i…).
+QUESTION, MORE = "What is in the picture?", " Say more about it."  # request i: QUESTION, then MORE (5 ids) i times
 
-    The text is random token ids (the speed does not depend on it; no tokenizer needed): a 20-id system turn and a
-    question of 8 + 5·i ids, so the requests differ in length.
-    """
-    generator = torch.Generator().manual_seed(seed)
 
-    def text(n):
-        return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
-
-    newline = torch.tensor([NEWLINE_ID])
-    requests = []
-    for i in range(count):
-        picture = torch.arange(vocab_size + IMG_TOKEN_SPAN * i, vocab_size + IMG_TOKEN_SPAN * (i + 1))  # [256]
-        requests.append(
-            torch.cat(
-                [
-                    torch.tensor([IM_START_ID]),
-                    text(20),
-                    torch.tensor([IM_END_ID]),
-                    newline,
-                    torch.tensor([IM_START_ID]),
-                    text(6),
-                    torch.tensor([IMAGE_START_ID]),
-                    picture,
-                    torch.tensor([IMAGE_END_ID]),
-                    newline,
-                    text(8 + 5 * i),
-                    torch.tensor([IM_END_ID]),
-                    newline,
-                    torch.tensor([IM_START_ID]),
-                    text(2),
-                    newline,
-                ]
-            )
-        )
-    return requests
+def make_requests(input_vit: torch.Tensor, vocab_size: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(requests, prompt_table): one chat turn per picture of input_vit [B, rows, H], laid out by `make_prompt` (the
+    system turn, the picture, a question longer by a few ids each request, so that the requests differ in length),
+    its span's fake ids and the one table from `single_table_batch` (run.py's convention: request i reads rows
+    rows·i…, so the first b requests read the table's first b·rows rows)."""
+    tokenizer = load_tokenizer()
+    names = [p.name for p in sorted(IMAGES_DIR.glob("*.png"))]  # what each span holds: its picture's file name
+    prompts = [
+        make_prompt(tokenizer, QUESTION + MORE * i, [names[i % len(names)]])[1] for i in range(input_vit.shape[0])
+    ]
+    batch = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
+    )  # [B, L]
+    ids, table, _, _ = single_table_batch(batch, input_vit, vocab_size)  # table [B·rows, H]
+    return [ids[r, : len(p)] for r, p in enumerate(prompts)], table
 
 
 def picture_features(model: QWenLMHeadModel, count: int, real: bool) -> torch.Tensor:
@@ -603,9 +592,7 @@ def chat_turn_cost(args: argparse.Namespace) -> dict:
     --new-tokens tokens) after each of --chat-turns turns of history, on --model's engine with 640 ids a request (the
     best of --repeats), each timed alternately with a turn after the fewest turns asked for, so that the ratio of the
     two holds on a machine whose load changes."""
-    from .chat import Conversation, GenerationSettings  # noqa: PLC0415 — the answer path, for this measurement only
     from .engine import load_engine_vision_tower  # noqa: PLC0415
-    from .tokenizing import load_tokenizer  # noqa: PLC0415
 
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
@@ -648,13 +635,14 @@ def first_answer(args: argparse.Namespace) -> dict:
     device, dtype = torch.device(args.device), to_torch_dtype(args.dtype)
     with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
         model, checkpoint = load_model(args, device, dtype, Path(workdir))
-        requests = make_requests(1, model.config.vocab_size, args.seed)
-        table = picture_features(model, 1, real=checkpoint is not None)[0]  # [256, H]
+        requests, table = make_requests(
+            picture_features(model, 1, real=checkpoint is not None), model.config.vocab_size
+        )
         synchronize(device)
         start = time.perf_counter()
         runner = ModelRunner.from_model(
             model,
-            engine_limits(requests, args),
+            engine_limits(requests, table, args),
             device,
             args.backend,
             args.cuda_graphs,
@@ -695,14 +683,14 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
     return load_checkpoint(checkpoint, dtype=dtype, device=device).requires_grad_(False), checkpoint
 
 
-def engine_limits(requests, args: argparse.Namespace) -> BuildConfig:
-    """Limits that hold the requests and their new tokens, rounded up to whole KV buckets; one picture each."""
+def engine_limits(requests, table, args: argparse.Namespace) -> BuildConfig:
+    """Limits that hold the requests, their new tokens (rounded up to whole KV buckets) and their table [rows, H]."""
     longest = max(len(ids) for ids in requests)
     return BuildConfig(
         max_batch_size=len(requests),
         max_input_len=-(-longest // KV_BUCKET) * KV_BUCKET,
         max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
-        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * len(requests),
+        max_prompt_embedding_table_size=len(table),
         dtype=args.dtype,
     )
 
@@ -823,12 +811,12 @@ def measure_all(
     """The benchmark proper (engine files and the tiny checkpoint go in `workdir`)."""
     model, checkpoint = load_model(args, device, dtype, workdir)
     batches = sorted(set(args.batch))
-    requests = make_requests(max(batches), model.config.vocab_size, args.seed)
     input_vit = picture_features(model, max(batches), real=checkpoint is not None)  # [B, 256, H]
-    build_config = engine_limits(requests, args)
+    requests, table = make_requests(input_vit, model.config.vocab_size)  # table [B·256, H]
+    build_config = engine_limits(requests, table, args)
     steps = args.new_tokens - 1  # decode steps in a timed run: the probe times as many products in a row
     probes = [bandwidth_probe(model.lm_head.weight, args.repeats, steps)]  # probed again later: the best one counts
-    tables = {b: input_vit[:b].reshape(-1, input_vit.shape[-1]) for b in batches}  # [b·256, H]
+    tables = {b: table[: b * input_vit.shape[1]] for b in batches}  # [b·256, H]: the first b requests' rows
 
     results = []
     if not args.no_eager:
