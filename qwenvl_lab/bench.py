@@ -58,10 +58,6 @@ from .prompt_table import prompt_tuning_embedding, single_table_batch
 from .resources import images_dir, machine
 from .tokenizing import (
     ENDOFTEXT_ID,
-    IM_END_ID,
-    IM_START_ID,
-    IMAGE_END_ID,
-    IMAGE_START_ID,
     IMG_TOKEN_SPAN,
     load_tokenizer,
 )
@@ -71,7 +67,6 @@ from .unified_checkpoint import trtllm_config, weight_only_quantize
 MODELS = ("toy", "tiny", "qwen-vl-chat")
 MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL's positions
 IMAGES_DIR = images_dir()
-NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 JSON_WRITER = files.writer("bench --json", "the benchmark's results")
 MAX_THREADS = 1024  # --threads: more than any machine the benchmark runs on has cores
 
@@ -948,43 +943,35 @@ def measure_all(
     return report
 
 
-SYSTEM_IDS, HEADER_IDS, QUESTION_IDS = 20, 4, 12  # random text ids: the system turn, a user turn's start, a question
+CHAT_QUESTION = "Question {k}: what is in the picture?"  # --kv-cache-reuse's k-th question (from 1)
+PICTURE_NAME = "picture.png"  # what the one picture's span holds before its fake ids replace it
 
 
-def random_text(generator, n: int) -> torch.Tensor:
-    """n random text ids [n] (the speed does not depend on them)."""
-    return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
+def with_fake_ids(ids, table: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A prompt [L] about one picture, its image span holding the fake ids from vocab_size that read the picture's
+    table [rows, H] (`single_table_batch`)."""
+    return single_table_batch(torch.as_tensor(ids)[None], table[None], vocab_size)[0][0]  # [L]
 
 
-def chat_pieces(vocab_size: int, questions: int, seed: int):
-    """(system turn [S], user-turn start [4], questions): each question a user turn's end then the assistant's start,
-    the first `questions` of them after the picture (a span of fake ids from vocab_size), the rest text only."""
-    generator = torch.Generator().manual_seed(seed)
-    newline = torch.tensor([NEWLINE_ID])
-    system = torch.cat(
-        [torch.tensor([IM_START_ID]), random_text(generator, SYSTEM_IDS), torch.tensor([IM_END_ID]), newline]
-    )
-    header = torch.cat([torch.tensor([IM_START_ID]), random_text(generator, HEADER_IDS - 1)])
-    picture = torch.cat(
-        [
-            torch.tensor([IMAGE_START_ID]),
-            torch.arange(vocab_size, vocab_size + IMG_TOKEN_SPAN),
-            torch.tensor([IMAGE_END_ID]),
-        ]
-    )
-
-    def question(with_picture: bool):
-        end = [torch.tensor([IM_END_ID]), newline, torch.tensor([IM_START_ID]), random_text(generator, 2), newline]
-        return torch.cat([*([picture, newline] if with_picture else []), random_text(generator, QUESTION_IDS), *end])
-
-    return system, header, question
+def chat_prompts(tokenizer, turns: int, new_tokens: int) -> list[torch.Tensor]:
+    """The prompts [L_k] of a --kv-cache-reuse chat of `turns` questions, the first with the picture, each laid out by
+    `make_prompt` after the earlier turns; each earlier answer a slot of `new_tokens` ids (0) where the runner's
+    answer goes (so that the ids are the engine's own, not its text encoded again); the picture's span holds its
+    name (`with_fake_ids` puts in the fake ids)."""
+    history, prompts = [], []
+    for k in range(turns):
+        query, ids = make_prompt(tokenizer, CHAT_QUESTION.format(k=k + 1), [PICTURE_NAME] if k == 0 else [], history)
+        ids = torch.tensor(ids)  # [L]: the earlier answers empty
+        for before in prompts:  # turn j's answer starts where its prompt (with its own earlier slots) ends
+            ids = torch.cat([ids[: len(before)], torch.zeros(new_tokens, dtype=ids.dtype), ids[len(before) :]])
+        history.append((query, ""))
+        prompts.append(ids)
+    return prompts
 
 
 def chat_length(turns: int, new_tokens: int) -> int:
     """Ids of the last prompt of a --kv-cache-reuse chat, and its answer."""
-    first = SYSTEM_IDS + 3 + HEADER_IDS + IMG_TOKEN_SPAN + 3 + QUESTION_IDS + 6
-    later = 2 + HEADER_IDS + QUESTION_IDS + 6  # <|im_end|>\n after an answer, then the next user turn
-    return first + (turns - 1) * (new_tokens + later) + new_tokens
+    return len(chat_prompts(load_tokenizer(), turns, new_tokens)[-1]) + new_tokens
 
 
 def first_token(runner, prompts, table, new_tokens: int, device: torch.device) -> tuple[float, list]:
@@ -1017,12 +1004,11 @@ def reuse_chat(runner, table, args, device: torch.device) -> dict:
     questions and answers): each turn's time to first token and prefill ids without block reuse and with it, the
     whole chat replayed --repeats times, the two ways one after the other (the best time of each kept), the pool
     emptied before each replay with reuse."""
-    system, header, question = chat_pieces(runner.vocab_size, 1, args.seed)
-    end_of_answer = torch.tensor([IM_END_ID, NEWLINE_ID])
-    prompts, answers, history = [], [], system
-    for k in range(args.turns):  # the prompts, with the answers given without reuse
-        prompts.append(torch.cat([history, header, question(k == 0)]))
-        history = torch.cat([prompts[-1], torch.tensor([0] * args.new_tokens), end_of_answer])  # its answer: below
+    prompts = [
+        with_fake_ids(ids, table, runner.vocab_size)
+        for ids in chat_prompts(load_tokenizer(), args.turns, args.new_tokens)
+    ]
+    answers = []  # the answers given without reuse, put in the later prompts' slots below
     times = {False: [[] for _ in prompts], True: [[] for _ in prompts]}  # seconds of each replay, per turn
     computed, reused, same = {}, [0] * args.turns, True
     for _ in range(args.repeats):
@@ -1073,8 +1059,13 @@ def reuse_batch(runner, table, batch: int, args, device: torch.device) -> dict:
     """A batch of `batch` different questions about one picture, after one question about it was answered: time to
     first token of the batch and prefill ids, without block reuse and with it, one after the other --repeats times
     (the best time of each kept; with reuse the first question answered again from an empty pool each time)."""
-    system, header, question = chat_pieces(runner.vocab_size, batch + 1, args.seed)
-    first, *prompts = [torch.cat([system, header, question(True)]) for _ in range(batch + 1)]
+    tokenizer = load_tokenizer()
+    first, *prompts = [
+        with_fake_ids(
+            make_prompt(tokenizer, CHAT_QUESTION.format(k=k + 1), [PICTURE_NAME])[1], table, runner.vocab_size
+        )
+        for k in range(batch + 1)
+    ]
     times, stats = {False: [], True: []}, {}
     for _ in range(args.repeats):
         for reuse in (False, True):
