@@ -44,6 +44,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import files, options
+from .chat import Conversation, GenerationSettings, make_prompt
 from .checkpoint import load_checkpoint, make_tiny_checkpoint
 from .checks.tensors import WEIGHT_ONLY, to_torch_dtype
 from .engine import BuildConfig, ModelRunner, build_engine, verify_engine
@@ -53,16 +54,19 @@ from .engine.layers import matrix
 from .layout import to_trtllm_names
 from .modeling import QWEN_VL_CHAT_VISUAL, QWenLMHeadModel, QWenVLConfig
 from .options import Parser
-from .prompt_table import prompt_tuning_embedding
+from .prompt_table import prompt_tuning_embedding, single_table_batch
 from .resources import images_dir, machine
-from .tokenizing import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_END_ID, IMAGE_START_ID, IMG_TOKEN_SPAN
+from .tokenizing import (
+    ENDOFTEXT_ID,
+    IMG_TOKEN_SPAN,
+    load_tokenizer,
+)
 from .toy import TOY_DIR
 from .unified_checkpoint import trtllm_config, weight_only_quantize
 
 MODELS = ("toy", "tiny", "qwen-vl-chat")
 MAX_TURNS = 32  # --turns: a chat of more re-sends a history longer than Qwen-VL's positions
 IMAGES_DIR = images_dir()
-NEWLINE_ID = 198  # "\n" in qwen.tiktoken
 JSON_WRITER = files.writer("bench --json", "the benchmark's results")
 MAX_THREADS = 1024  # --threads: more than any machine the benchmark runs on has cores
 
@@ -400,44 +404,24 @@ def qwen_vl_chat_model(device: torch.device, dtype: torch.dtype) -> QWenLMHeadMo
     return model.eval().requires_grad_(False)
 
 
-def make_requests(count: int, vocab_size: int, seed: int) -> list[torch.Tensor]:
-    """`count` prompts in the chat layout around one picture span of fake ids (request i reads table rows 256·i…).
+QUESTION, MORE = "What is in the picture?", " Say more about it."  # request i: QUESTION, then MORE (5 ids) i times
 
-    The text is random token ids (the speed does not depend on it; no tokenizer needed): a 20-id system turn and a
-    question of 8 + 5·i ids, so the requests differ in length.
-    """
-    generator = torch.Generator().manual_seed(seed)
 
-    def text(n):
-        return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
-
-    newline = torch.tensor([NEWLINE_ID])
-    requests = []
-    for i in range(count):
-        picture = torch.arange(vocab_size + IMG_TOKEN_SPAN * i, vocab_size + IMG_TOKEN_SPAN * (i + 1))  # [256]
-        requests.append(
-            torch.cat(
-                [
-                    torch.tensor([IM_START_ID]),
-                    text(20),
-                    torch.tensor([IM_END_ID]),
-                    newline,
-                    torch.tensor([IM_START_ID]),
-                    text(6),
-                    torch.tensor([IMAGE_START_ID]),
-                    picture,
-                    torch.tensor([IMAGE_END_ID]),
-                    newline,
-                    text(8 + 5 * i),
-                    torch.tensor([IM_END_ID]),
-                    newline,
-                    torch.tensor([IM_START_ID]),
-                    text(2),
-                    newline,
-                ]
-            )
-        )
-    return requests
+def make_requests(input_vit: torch.Tensor, vocab_size: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(requests, prompt_table): one chat turn per picture of input_vit [B, rows, H], laid out by `make_prompt` (the
+    system turn, the picture, a question longer by a few ids each request, so that the requests differ in length),
+    its span's fake ids and the one table from `single_table_batch` (run.py's convention: request i reads rows
+    rows·i…, so the first b requests read the table's first b·rows rows)."""
+    tokenizer = load_tokenizer()
+    names = [p.name for p in sorted(IMAGES_DIR.glob("*.png"))]  # what each span holds: its picture's file name
+    prompts = [
+        make_prompt(tokenizer, QUESTION + MORE * i, [names[i % len(names)]])[1] for i in range(input_vit.shape[0])
+    ]
+    batch = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(ids) for ids in prompts], batch_first=True, padding_value=ENDOFTEXT_ID
+    )  # [B, L]
+    ids, table, _, _ = single_table_batch(batch, input_vit, vocab_size)  # table [B·rows, H]
+    return [ids[r, : len(p)] for r, p in enumerate(prompts)], table
 
 
 def picture_features(model: QWenLMHeadModel, count: int, real: bool) -> torch.Tensor:
@@ -604,9 +588,7 @@ def chat_turn_cost(args: argparse.Namespace) -> dict:
     --new-tokens tokens) after each of --chat-turns turns of history, on --model's engine with 640 ids a request (the
     best of --repeats), each timed alternately with a turn after the fewest turns asked for, so that the ratio of the
     two holds on a machine whose load changes."""
-    from .chat import Conversation, GenerationSettings  # noqa: PLC0415 — the answer path, for this measurement only
     from .engine import load_engine_vision_tower  # noqa: PLC0415
-    from .tokenizing import load_tokenizer  # noqa: PLC0415
 
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
@@ -649,13 +631,14 @@ def first_answer(args: argparse.Namespace) -> dict:
     device, dtype = torch.device(args.device), to_torch_dtype(args.dtype)
     with tempfile.TemporaryDirectory(prefix="qwenvl-bench-") as workdir:
         model, checkpoint = load_model(args, device, dtype, Path(workdir))
-        requests = make_requests(1, model.config.vocab_size, args.seed)
-        table = picture_features(model, 1, real=checkpoint is not None)[0]  # [256, H]
+        requests, table = make_requests(
+            picture_features(model, 1, real=checkpoint is not None), model.config.vocab_size
+        )
         synchronize(device)
         start = time.perf_counter()
         runner = ModelRunner.from_model(
             model,
-            engine_limits(requests, args),
+            engine_limits(requests, table, args),
             device,
             args.backend,
             args.cuda_graphs,
@@ -696,14 +679,14 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
     return load_checkpoint(checkpoint, dtype=dtype, device=device).requires_grad_(False), checkpoint
 
 
-def engine_limits(requests, args: argparse.Namespace) -> BuildConfig:
-    """Limits that hold the requests and their new tokens, rounded up to whole KV buckets; one picture each."""
+def engine_limits(requests, table, args: argparse.Namespace) -> BuildConfig:
+    """Limits that hold the requests, their new tokens (rounded up to whole KV buckets) and their table [rows, H]."""
     longest = max(len(ids) for ids in requests)
     return BuildConfig(
         max_batch_size=len(requests),
         max_input_len=-(-longest // KV_BUCKET) * KV_BUCKET,
         max_seq_len=-(-(longest + args.new_tokens) // KV_BUCKET) * KV_BUCKET,
-        max_prompt_embedding_table_size=IMG_TOKEN_SPAN * len(requests),
+        max_prompt_embedding_table_size=len(table),
         dtype=args.dtype,
     )
 
@@ -824,12 +807,12 @@ def measure_all(
     """The benchmark proper (engine files and the tiny checkpoint go in `workdir`)."""
     model, checkpoint = load_model(args, device, dtype, workdir)
     batches = sorted(set(args.batch))
-    requests = make_requests(max(batches), model.config.vocab_size, args.seed)
     input_vit = picture_features(model, max(batches), real=checkpoint is not None)  # [B, 256, H]
-    build_config = engine_limits(requests, args)
+    requests, table = make_requests(input_vit, model.config.vocab_size)  # table [B·256, H]
+    build_config = engine_limits(requests, table, args)
     steps = args.new_tokens - 1  # decode steps in a timed run: the probe times as many products in a row
     probes = [bandwidth_probe(model.lm_head.weight, args.repeats, steps)]  # probed again later: the best one counts
-    tables = {b: input_vit[:b].reshape(-1, input_vit.shape[-1]) for b in batches}  # [b·256, H]
+    tables = {b: table[: b * input_vit.shape[1]] for b in batches}  # [b·256, H]: the first b requests' rows
 
     results = []
     if not args.no_eager:
@@ -961,43 +944,35 @@ def measure_all(
     return report
 
 
-SYSTEM_IDS, HEADER_IDS, QUESTION_IDS = 20, 4, 12  # random text ids: the system turn, a user turn's start, a question
+CHAT_QUESTION = "Question {k}: what is in the picture?"  # --kv-cache-reuse's k-th question (from 1)
+PICTURE_NAME = "picture.png"  # what the one picture's span holds before its fake ids replace it
 
 
-def random_text(generator, n: int) -> torch.Tensor:
-    """n random text ids [n] (the speed does not depend on them)."""
-    return torch.randint(0, ENDOFTEXT_ID, (n,), generator=generator)
+def with_fake_ids(ids, table: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A prompt [L] about one picture, its image span holding the fake ids from vocab_size that read the picture's
+    table [rows, H] (`single_table_batch`)."""
+    return single_table_batch(torch.as_tensor(ids)[None], table[None], vocab_size)[0][0]  # [L]
 
 
-def chat_pieces(vocab_size: int, questions: int, seed: int):
-    """(system turn [S], user-turn start [4], questions): each question a user turn's end then the assistant's start,
-    the first `questions` of them after the picture (a span of fake ids from vocab_size), the rest text only."""
-    generator = torch.Generator().manual_seed(seed)
-    newline = torch.tensor([NEWLINE_ID])
-    system = torch.cat(
-        [torch.tensor([IM_START_ID]), random_text(generator, SYSTEM_IDS), torch.tensor([IM_END_ID]), newline]
-    )
-    header = torch.cat([torch.tensor([IM_START_ID]), random_text(generator, HEADER_IDS - 1)])
-    picture = torch.cat(
-        [
-            torch.tensor([IMAGE_START_ID]),
-            torch.arange(vocab_size, vocab_size + IMG_TOKEN_SPAN),
-            torch.tensor([IMAGE_END_ID]),
-        ]
-    )
-
-    def question(with_picture: bool):
-        end = [torch.tensor([IM_END_ID]), newline, torch.tensor([IM_START_ID]), random_text(generator, 2), newline]
-        return torch.cat([*([picture, newline] if with_picture else []), random_text(generator, QUESTION_IDS), *end])
-
-    return system, header, question
+def chat_prompts(tokenizer, turns: int, new_tokens: int) -> list[torch.Tensor]:
+    """The prompts [L_k] of a --kv-cache-reuse chat of `turns` questions, the first with the picture, each laid out by
+    `make_prompt` after the earlier turns; each earlier answer a slot of `new_tokens` ids (0) where the runner's
+    answer goes (so that the ids are the engine's own, not its text encoded again); the picture's span holds its
+    name (`with_fake_ids` puts in the fake ids)."""
+    history, prompts = [], []
+    for k in range(turns):
+        query, ids = make_prompt(tokenizer, CHAT_QUESTION.format(k=k + 1), [PICTURE_NAME] if k == 0 else [], history)
+        ids = torch.tensor(ids)  # [L]: the earlier answers empty
+        for before in prompts:  # turn j's answer starts where its prompt (with its own earlier slots) ends
+            ids = torch.cat([ids[: len(before)], torch.zeros(new_tokens, dtype=ids.dtype), ids[len(before) :]])
+        history.append((query, ""))
+        prompts.append(ids)
+    return prompts
 
 
 def chat_length(turns: int, new_tokens: int) -> int:
     """Ids of the last prompt of a --kv-cache-reuse chat, and its answer."""
-    first = SYSTEM_IDS + 3 + HEADER_IDS + IMG_TOKEN_SPAN + 3 + QUESTION_IDS + 6
-    later = 2 + HEADER_IDS + QUESTION_IDS + 6  # <|im_end|>\n after an answer, then the next user turn
-    return first + (turns - 1) * (new_tokens + later) + new_tokens
+    return len(chat_prompts(load_tokenizer(), turns, new_tokens)[-1]) + new_tokens
 
 
 def first_token(runner, prompts, table, new_tokens: int, device: torch.device) -> tuple[float, list]:
@@ -1030,12 +1005,11 @@ def reuse_chat(runner, table, args, device: torch.device) -> dict:
     questions and answers): each turn's time to first token and prefill ids without block reuse and with it, the
     whole chat replayed --repeats times, the two ways one after the other (the best time of each kept), the pool
     emptied before each replay with reuse."""
-    system, header, question = chat_pieces(runner.vocab_size, 1, args.seed)
-    end_of_answer = torch.tensor([IM_END_ID, NEWLINE_ID])
-    prompts, answers, history = [], [], system
-    for k in range(args.turns):  # the prompts, with the answers given without reuse
-        prompts.append(torch.cat([history, header, question(k == 0)]))
-        history = torch.cat([prompts[-1], torch.tensor([0] * args.new_tokens), end_of_answer])  # its answer: below
+    prompts = [
+        with_fake_ids(ids, table, runner.vocab_size)
+        for ids in chat_prompts(load_tokenizer(), args.turns, args.new_tokens)
+    ]
+    answers = []  # the answers given without reuse, put in the later prompts' slots below
     times = {False: [[] for _ in prompts], True: [[] for _ in prompts]}  # seconds of each replay, per turn
     computed, reused, same = {}, [0] * args.turns, True
     for _ in range(args.repeats):
@@ -1086,8 +1060,13 @@ def reuse_batch(runner, table, batch: int, args, device: torch.device) -> dict:
     """A batch of `batch` different questions about one picture, after one question about it was answered: time to
     first token of the batch and prefill ids, without block reuse and with it, one after the other --repeats times
     (the best time of each kept; with reuse the first question answered again from an empty pool each time)."""
-    system, header, question = chat_pieces(runner.vocab_size, batch + 1, args.seed)
-    first, *prompts = [torch.cat([system, header, question(True)]) for _ in range(batch + 1)]
+    tokenizer = load_tokenizer()
+    first, *prompts = [
+        with_fake_ids(
+            make_prompt(tokenizer, CHAT_QUESTION.format(k=k + 1), [PICTURE_NAME])[1], table, runner.vocab_size
+        )
+        for k in range(batch + 1)
+    ]
     times, stats = {False: [], True: []}, {}
     for _ in range(args.repeats):
         for reuse in (False, True):

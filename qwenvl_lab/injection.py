@@ -12,7 +12,7 @@ def overwrite_image_spans(hidden: torch.Tensor, img_pos: torch.Tensor, input_vit
     check_span_rows(span_lengths(img_pos), feature_blocks(input_vit))
     hidden = hidden.clone()  # [B, L, H]
     for k, (i, a, b) in enumerate(img_pos.tolist()):
-        hidden[i, a + 1 : b] = input_vit[k].to(hidden.dtype)
+        hidden[i, a + 1 : b] = input_vit[k].to(hidden.dtype)  # [b − a − 1, H]: one row per id of the span
     return hidden
 
 

@@ -156,6 +156,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., H] normalised over H and scaled by the weight."""
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -185,6 +186,7 @@ class QWenAttention(nn.Module):
         self.c_proj = nn.Linear(proj, config.hidden_size, bias=not config.no_bias)
 
     def forward(self, x, cos, sin, mask, cache):
+        """x [B, L, H] attending to itself and the cache's earlier keys under `mask` [B, 1, L, T]: [B, L, H]."""
         b, length, _ = x.shape  # [B, L, H]
         q, k, v = (t.view(b, length, self.heads, self.head_dim).transpose(1, 2) for t in self.c_attn(x).chunk(3, -1))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [B, heads, L, hd]
@@ -205,6 +207,7 @@ class QWenMLP(nn.Module):
         self.c_proj = nn.Linear(ff, config.hidden_size, bias=not config.no_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, H] → [B, L, H]."""
         return self.c_proj(self.w1(x) * F.silu(self.w2(x)))
 
 
@@ -219,6 +222,7 @@ class QWenBlock(nn.Module):
         self.mlp = QWenMLP(config)
 
     def forward(self, x, cos, sin, mask, cache):
+        """The residual stream [B, L, H] after this block's attention and MLP."""
         x = x + self.attn(self.ln_1(x), cos, sin, mask, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -277,9 +281,11 @@ class QWenModel(QWenPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self):
+        """The vocabulary embedding `wte` (transformers' accessor)."""
         return self.wte
 
     def set_input_embeddings(self, value):
+        """Replace the vocabulary embedding `wte` (transformers' accessor)."""
         self.wte = value
 
     def embed(self, input_ids, prompt_table=None, tasks=None, task_vocab_size=None, prefill=True):
@@ -318,6 +324,7 @@ class QWenModel(QWenPreTrainedModel):
         task_vocab_size=None,
         **kwargs,
     ):
+        """The final hidden states [B, L, H] and the cache, from ids (images injected by `embed`) or embeddings."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         past_len = cache.get_seq_length() if cache is not None else 0
@@ -357,9 +364,11 @@ class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def get_input_embeddings(self):
+        """The vocabulary embedding (transformers' accessor)."""
         return self.transformer.wte
 
     def get_output_embeddings(self):
+        """The untied `lm_head` (transformers' accessor)."""
         return self.lm_head
 
     def forward(  # noqa: PLR0913 — transformers' forward signature
@@ -377,6 +386,8 @@ class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
         logits_to_keep=0,
         **kwargs,
     ):
+        """Logits [B, L, V] in float32 (the last `logits_to_keep` positions if set), the cache, and the next-token
+        loss when `labels` are given."""
         hidden, cache = self.transformer(
             input_ids,
             attention_mask,

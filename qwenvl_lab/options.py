@@ -30,12 +30,14 @@ class Parser(argparse.ArgumentParser):
         self.check = check
 
     def parse_known_args(self, args=None, namespace=None):
+        """argparse's parse, then `check` on the options together."""
         parsed, rest = super().parse_known_args(args, namespace)
         if self.check is not None:
             self.check(self, parsed)
         return parsed, rest
 
     def error(self, message: str):
+        """argparse's error, its message starting with the option as typed."""
         super().error(re.sub(r"^argument (\S+): ", r"\1 ", message))
 
 

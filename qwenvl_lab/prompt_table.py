@@ -202,7 +202,7 @@ def table_layout(requests, tasks, task_vocab_size, vocab_size: int, table_rows: 
     used = []
     for request, (ids, task) in enumerate(zip(sequences, tasks)):
         entries = lookup_rows(ids, [task], task_vocab_size, vocab_size, table_rows)  # [M, 4]
-        spans = locate_img_pos(ids)  # [N, 3]: the tags stay around the fake ids
+        spans = locate_img_pos(ids, span=None)  # [N, 3]: the tags stay around the fake ids, spans of any length
         for picture, (_, a, b) in enumerate(spans.tolist()):
             rows = entries[(entries[:, 1] > a) & (entries[:, 1] < b), 3].tolist()
             for first, last in _runs(sorted(set(rows))):

@@ -73,6 +73,7 @@ class VisualAttention(nn.Module):
         self.out_proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Self-attention over the patches, sequence first: [S, B, W] → [S, B, W]."""
         seq, batch, width = x.shape  # [S, B, W]
         qkv = self.in_proj(x).view(seq, batch, self.heads, 3 * width // self.heads)  # [S, B, h, 3*hd]
         q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))  # [B, h, S, hd]
@@ -94,6 +95,7 @@ class VisualBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The patches [S, B, W] after this block's attention and MLP."""
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -106,6 +108,7 @@ class VisualStack(nn.Module):
         self.resblocks = nn.ModuleList(VisualBlock(width, heads, mlp_ratio) for _ in range(layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The patches [S, B, W] through every block."""
         for block in self.resblocks:
             x = block(x)
         return x
@@ -125,6 +128,7 @@ class Resampler(nn.Module):
         self.ln_kv = nn.LayerNorm(embed_dim, eps=1e-6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Patches [B, P, W] → one row per learned query [B, 256, D]."""
         key_pos = interpolate_pos_embed(self.pos_embed, x.shape[1])  # [P, D]
         x = self.ln_kv(self.kv_proj(x)).permute(1, 0, 2)  # [P, B, D]
         q = self.ln_q(self.query)[:, None].expand(-1, x.shape[1], -1)  # [256, B, D]
@@ -158,6 +162,7 @@ class VisionTransformer(nn.Module):
         self.proj = nn.Parameter(torch.zeros(output_dim, output_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 3, S, S] → `input_vit` [B, 256, D]."""
         if x.dim() != 4 or x.shape[1:] != (3, self.image_size, self.image_size):
             raise ValueError(
                 f"expected pixels [B, 3, {self.image_size}, {self.image_size}], got {tuple(x.shape)}; use preprocess_images"

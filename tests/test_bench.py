@@ -8,6 +8,7 @@ import torch
 
 from qwenvl_lab import bench
 from qwenvl_lab.engine.layers import weight_bytes_per_token
+from qwenvl_lab.tokenizing import load_tokenizer, make_context
 
 
 @pytest.mark.slow
@@ -135,8 +136,12 @@ def test_kv_cache_reuse_gain_is_reported_with_the_ids_each_side_computed(tmp_pat
     assert saved["chat"] == json.loads(json.dumps(report["chat"]))
     turns = saved["chat"]["turns"]
     assert [t["turn"] for t in turns] == [1, 2, 3] and turns[0]["reused_ids"] == 0
+    tokenizer, history = load_tokenizer(), []
+    for k, turn in enumerate(turns):  # make_context's chat with each earlier answer's 8 ids in it
+        query = tokenizer.from_list_format([{"image": bench.PICTURE_NAME}] * (k == 0) + [{"text": question(k + 1)}])
+        assert turn["prompt_ids"] == len(make_context(tokenizer, query, history)[1]) + 8 * k
+        history.append((query, ""))
     for before, turn in zip(turns, turns[1:]):  # each turn re-sends the one before, its answer and a question
-        assert turn["prompt_ids"] == before["prompt_ids"] + 8 + 2 + bench.HEADER_IDS + bench.QUESTION_IDS + 6
         assert turn["computed_ids_without"] == turn["prompt_ids"] > turn["computed_ids_with"]
         assert turn["reused_ids"] + turn["computed_ids_with"] == turn["prompt_ids"]
         assert turn["reused_ids"] >= before["prompt_ids"] // 32 * 32  # at least the history's whole blocks
@@ -144,12 +149,21 @@ def test_kv_cache_reuse_gain_is_reported_with_the_ids_each_side_computed(tmp_pat
     assert saved["chat"]["same_answers_with_and_without"] is True
     assert turns[-1]["prompt_ids"] + 8 == bench.chat_length(3, 8)
     [batch] = saved["same_picture_batch"]
-    shared = bench.SYSTEM_IDS + 3 + bench.HEADER_IDS + 258 + 1  # the system turn, the picture and its newline
+    first, *others = [
+        make_context(tokenizer, tokenizer.from_list_format([{"image": bench.PICTURE_NAME}, {"text": question(k)}]))[1]
+        for k in (1, 2, 3)
+    ]
+    shared = min(next(i for i, (a, b) in enumerate(zip(first, o)) if a != b) for o in others)  # up to the question
     assert batch["batch"] == 2 and batch["reused_ids"] == 2 * (shared // 32 * 32)
     assert batch["computed_ids_without"] == sum(batch["prompt_ids"]) == batch["reused_ids"] + batch["computed_ids_with"]
     settings = saved["settings"]
     assert settings["kv_cache_key"] == "mm_hash" and settings["kv_block_size"] == 32 and settings["kv_pool_bytes"] > 0
     assert "turns 2+: time to first token" in capsys.readouterr().out
+
+
+def question(k: int) -> str:
+    """The benchmark's k-th chat question (from 1)."""
+    return bench.CHAT_QUESTION.format(k=k)
 
 
 def test_kv_cache_reuse_options_are_checked():

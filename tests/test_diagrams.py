@@ -65,6 +65,15 @@ def test_table_layout_of_the_python_session_counts_pictures_across_the_batch():
         table_layout(ids, [0, 0, 0], IMG_TOKEN_SPAN, V, 512)
 
 
+def test_table_layout_reads_spans_of_any_length_from_img_pos():
+    """Spans of 3 and 5 ids (Qwen2-VL's way: the span follows the picture) in one table: each picture's rows are its
+    span's length, read from img_pos."""
+    ids = torch.tensor([[11, IMAGE_START_ID, 0, 0, 0, IMAGE_END_ID, 12, IMAGE_START_ID, *[0] * 5, IMAGE_END_ID]])
+    features = [torch.randn(3, 4), torch.randn(5, 4)]
+    fake_ids, table, tasks, tvs = single_table_batch(ids, features, V)
+    assert table_layout(fake_ids, tasks, tvs, V, len(table)) == [TableBlock(0, 3, 0, 0), TableBlock(3, 8, 0, 1)]
+
+
 def test_the_layout_diagram_draws_the_blocks_and_where_each_task_starts():
     rows, vit = requests()
     ids, table, tasks, tvs = fake(rows, vit, rows_per_request=2 * IMG_TOKEN_SPAN)

@@ -172,9 +172,10 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     torch.manual_seed(0)
     model, _ = bench.load_model(bench_args, device, getattr(torch, dtype), Path("."))
-    requests = bench.make_requests(args.batch, model.config.vocab_size, 0)
-    table = bench.picture_features(model, args.batch, real=False).reshape(-1, model.config.hidden_size)
-    config = bench.engine_limits(requests, bench_args)
+    requests, table = bench.make_requests(
+        bench.picture_features(model, args.batch, real=False), model.config.vocab_size
+    )
+    config = bench.engine_limits(requests, table, bench_args)
     if args.weight_only:
         from dataclasses import replace  # noqa: PLC0415
 

@@ -217,20 +217,20 @@ def injection_times(model, input_ids, input_vit: torch.Tensor, runs: int = 5, le
     return seconds, identical
 
 
-def engine_throughput(runner, model, batches=(1, 4), new_tokens: int = 12, repeats: int = 2, seed: int = 0) -> dict:
+def engine_throughput(runner, model, batches=(1, 4), new_tokens: int = 12, repeats: int = 2) -> dict:
     """Decode tokens/s of the engine `runner` at each batch size, on the benchmark's requests (one picture each,
     features from `model`'s vision tower): {batch: tokens/s}."""
-    requests = make_requests(max(batches), model.config.vocab_size, seed)
-    table = picture_features(model, max(batches), real=True).reshape(-1, model.config.hidden_size)  # [B·256, H]
+    input_vit = picture_features(model, max(batches), real=True)  # [B, 256, H]
+    requests, table = make_requests(input_vit, model.config.vocab_size)  # table [B·256, H]
     baseline = memory_in_use(runner.device)
 
     def generate(reqs, rows, n):
         return engine_generate(runner, reqs, rows, n)
 
     return {
-        b: measure(generate, requests[:b], table[: b * IMG_TOKEN_SPAN], new_tokens, repeats, runner.device, baseline)[
-            "decode_tokens_per_s"
-        ]
+        b: measure(
+            generate, requests[:b], table[: b * input_vit.shape[1]], new_tokens, repeats, runner.device, baseline
+        )["decode_tokens_per_s"]
         for b in batches
     }
 

@@ -204,6 +204,7 @@ class ModelRunner(Runner):
 
     @kv_cache_reuse.setter
     def kv_cache_reuse(self, on: bool) -> None:
+        """Switch block reuse on or off (only on a runner built with a pool)."""
         check_choice("kv_cache_reuse", on, (False, True))
         if on and self.kv_pool is None:
             raise ValueError("this runner has no block pool: build it with ModelRunner(..., kv_cache_reuse=True)")

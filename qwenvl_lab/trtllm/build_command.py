@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..checks.tensors import dtype_name
 from ..limits import IMAGE_IDS, prompt_table_size
+from ..tokenizing import IMG_TOKEN_SPAN
 from .gpu import GPUStackError, missing_gpu_stack
 from .mpi_world import launcher_free_env
 
@@ -33,13 +34,13 @@ def trtllm_build_command(checkpoint_dir, engine_dir, build_config, images_per_re
         )
         raise ValueError(
             f"build_config.max_prompt_embedding_table_size is {configured}, but {images_per_request} image(s) per "
-            f"request × max_batch_size {build_config.max_batch_size} need 256 × {images_per_request} × "
+            f"request × max_batch_size {build_config.max_batch_size} need {IMG_TOKEN_SPAN} × {images_per_request} × "
             f"{build_config.max_batch_size} = {table_size} rows ({why}); make them agree"
         )
     if build_config.max_input_len < images_per_request * IMAGE_IDS:
         raise ValueError(
             f"max_input_len {build_config.max_input_len} cannot hold {images_per_request} image(s) of {IMAGE_IDS} ids "
-            "each (<img> + 256 + </img>) plus the question; raise max_input_len"
+            f"each (<img> + {IMG_TOKEN_SPAN} + </img>) plus the question; raise max_input_len"
         )
     checkpoint_config = Path(checkpoint_dir) / "config.json"
     if checkpoint_config.is_file():
