@@ -620,7 +620,7 @@ ALLOWED = {
     ("qwenvl_lab/trtllm/pipeline.py", "dumped_answer", ".save"): "DumpRecorder.save, the stage dump writer",
     ("tools/stage_drift.py", "record", ".save"): "DumpRecorder.save, the stage dump writer",
     (
-        "qwenvl_lab/course/exercises/which_stage.py",
+        "qwenvl_lab/course/exercises/nb08.py",
         "mystery_dumps",
         ".save",
     ): "DumpRecorder.save, the stage dump writer",

@@ -62,12 +62,13 @@ NOTEBOOKS = (
     ),
     Notebook(
         "07", "07_performance", "Performance", False,
-        "eager against the engine on your machine, the committed GPU run, the bandwidth limit", 35, 15,
+        "eager against the engine on your machine, the committed GPU run, the bandwidth limit; weight-only INT8 and "
+        "article 2's precision table", 70, 15,
     ),
     Notebook(
         "08", "08_troubleshooting", "Troubleshooting", False,
-        "the errors users of Qwen-VL on TensorRT-LLM meet, reproduced and explained; KV-cache reuse and the wrong picture",
-        95, 20,
+        "the errors users of Qwen-VL on TensorRT-LLM meet, reproduced and explained; KV-cache reuse and the wrong picture; "
+        "which stage made two answers differ", 140, 25,
     ),
     Notebook(
         "09", "09_the_visual_vocabulary_today", "The visual vocabulary today", False,
@@ -75,7 +76,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "10", "10_batching_in_the_two_runtimes", "Batching in the two runtimes", False,
-        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 70, 15,
+        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 75, 15,
     ),
     Notebook(
         "11", "11_sampling_chat_and_grounding", "Sampling, chat and grounding", False,
@@ -83,7 +84,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "12", "12_the_tensorrt_paths", "The TensorRT paths", False,
-        "TensorRT-LLM in 2026; ONNX and the vision plan, the checkpoint and tensor parallelism, `trtllm-build`", 30, 15,
+        "TensorRT-LLM in 2026; ONNX and the vision plan, the checkpoint and tensor parallelism, `trtllm-build`", 35, 15,
     ),
     Notebook(
         "13", "13_the_articles_claims", "The articles' claims", False,

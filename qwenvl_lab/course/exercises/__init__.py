@@ -82,8 +82,6 @@ def exercise(key: str, question: str):
 def _load() -> None:
     for module in NOTEBOOK_MODULES:
         importlib.import_module(f".{module}", __name__)
-    importlib.import_module(".which_stage", __name__)  # notebook 08's section on qwenvl-lab diff (08.11, 08.12)
-    importlib.import_module(".precision", __name__)  # the precision section, to be spliced into notebook 07
 
 
 def check(key: str, answer) -> Result:

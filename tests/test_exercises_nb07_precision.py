@@ -1,4 +1,4 @@
-"""The precision section's exercise checks (07.9, 07.10): right answers written two ways pass, each plausible wrong
+"""Notebook 07's precision exercises (07.3, 07.4): right answers written two ways pass, each plausible wrong
 answer is refused with a hint that does not give the answer away, stubs are 'not attempted yet'."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qwenvl_lab.course.exercises import check
-from qwenvl_lab.course.exercises.precision import CHAT, step_bytes
+from qwenvl_lab.course.exercises.nb07 import CHAT, step_bytes
 from qwenvl_lab.unified_checkpoint import quantize_per_channel
 
 L, H, V = CHAT.num_hidden_layers, CHAT.hidden_size, CHAT.vocab_size
@@ -18,7 +18,7 @@ BY_HAND = L * (LAYER_INT8 + LAYER_FLOAT16) + 2 * (V * H + H + H)  # lm_head, ln_
 
 def test_the_bytes_counted_by_hand_are_right_as_an_int_and_as_numpy():
     assert BY_HAND == step_bytes()
-    assert check("07.9", BY_HAND) and check("07.9", np.int64(BY_HAND)) and check("07.9", torch.tensor(BY_HAND))
+    assert check("07.3", BY_HAND) and check("07.3", np.int64(BY_HAND)) and check("07.3", torch.tensor(BY_HAND))
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_the_bytes_counted_by_hand_are_right_as_an_int_and_as_numpy():
     ],
 )
 def test_plausible_wrong_byte_counts_are_refused(wrong, hint):
-    result = check("07.9", wrong)
+    result = check("07.3", wrong)
     assert not result and hint in result.message and str(BY_HAND) not in result.message
 
 
@@ -56,7 +56,7 @@ def quantize_numpy(w):
 
 
 def test_the_quantizer_written_two_ways_is_right():
-    assert check("07.10", quantize_by_hand) and check("07.10", quantize_numpy) and check("07.10", quantize_per_channel)
+    assert check("07.4", quantize_by_hand) and check("07.4", quantize_numpy) and check("07.4", quantize_per_channel)
 
 
 def per_tensor(w):
@@ -124,11 +124,11 @@ def stub(w):
     ],
 )
 def test_plausible_wrong_quantizers_are_refused(function, hint):
-    result = check("07.10", function)
+    result = check("07.4", function)
     assert not result and hint in result.message
 
 
 def test_a_stub_is_not_attempted_yet():
-    result = check("07.10", stub)
+    result = check("07.4", stub)
     assert not result and "not attempted yet" in result.message
-    assert "not attempted yet" in check("07.9", None).message
+    assert "not attempted yet" in check("07.3", None).message

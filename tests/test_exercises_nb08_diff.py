@@ -1,11 +1,11 @@
-"""Notebook 08's qwenvl-lab diff exercises (08.11, 08.12): the mystery dumps diverge where the check says, right answers
+"""Notebook 08's qwenvl-lab diff exercises (08.4, 08.5): the mystery dumps diverge where the check says, right answers
 written several ways pass, plausible wrong ones get a hint that does not give the answer away."""
 
 import pytest
 import torch
 
 from qwenvl_lab.course.exercises import REGISTRY, check
-from qwenvl_lab.course.exercises import which_stage as ws
+from qwenvl_lab.course.exercises import nb08 as ws
 from qwenvl_lab.dump import read_dump
 from qwenvl_lab.stagediff import CAUSES, compare
 
@@ -28,13 +28,13 @@ def test_the_mystery_dumps_diverge_where_the_answers_say(comparison):
 
 
 def test_the_exercises_are_registered():
-    check("08.11", None)
-    assert {"08.11", "08.12"} <= set(REGISTRY)
+    check("08.4", None)
+    assert {"08.4", "08.5"} <= set(REGISTRY)
 
 
 @pytest.mark.parametrize("answer", ["pixels", " pixels ", "pixels\n"])
 def test_the_first_stage_right(answer):
-    assert check("08.11", answer)
+    assert check("08.4", answer)
 
 
 @pytest.mark.parametrize(
@@ -57,13 +57,13 @@ def test_the_first_stage_right(answer):
     ],
 )
 def test_the_first_stage_wrong(answer, hint):
-    result = check("08.11", answer)
+    result = check("08.4", answer)
     assert not result and hint in result.message and "'pixels'" not in result.message
 
 
 @pytest.mark.parametrize("answer", ["b", "B", " (b) ", "b\n"])
 def test_the_cause_right(answer):
-    assert check("08.12", answer)
+    assert check("08.5", answer)
 
 
 @pytest.mark.parametrize(
@@ -79,5 +79,5 @@ def test_the_cause_right(answer):
     ],
 )
 def test_the_cause_wrong(answer, hint):
-    result = check("08.12", answer)
+    result = check("08.5", answer)
     assert not result and hint in result.message
