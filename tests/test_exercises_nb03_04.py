@@ -3,8 +3,10 @@
 give the answer away."""
 
 import itertools
+import json
 import re
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +20,12 @@ from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.prompt_table import prompt_tuning_embedding
 from qwenvl_lab.resources import images_dir
+from qwenvl_lab.tokenizing import MODEL_VOCAB_SIZE, TOKENIZER_VOCAB_SIZE
 from qwenvl_lab.toy import load_course_model
 from qwenvl_lab.toy.make_samples import SAMPLES
 from qwenvl_lab.toy.shapes import Scene, Shape, describe
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 @pytest.fixture(autouse=True)
@@ -344,3 +349,33 @@ def test_04_2_answer_is_not_one_pictures_colour_with_the_others_shape():
     crossed |= {describe(Scene((Shape(a.kind, b.color, a.box),)), "zh") for a, b in itertools.product(*pictures)}
     assert crossed <= nb04.blend_guesses()
     assert nb04.blend_answers()["blend"] not in crossed
+
+
+def shown_text(cell) -> str:
+    """A notebook cell's source and the text of its stored outputs."""
+    texts = ["".join(cell["source"])]
+    for output in cell.get("outputs", []):
+        texts.append("".join(output.get("text", "")))
+        texts += ["".join(v) for k, v in output.get("data", {}).items() if k.startswith("text/")]
+    return "\n".join(texts)
+
+
+def cells_before(key: str, notebooks=NOTEBOOKS_DIR):
+    """Every cell a learner sees before exercise `key`'s check cell: the earlier notebooks', then its own up to it."""
+    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if f'check("{key}"' in "".join(cell["source"]):
+                return
+            yield path.name, cell
+    raise AssertionError(f"no notebook checks exercise {key}")
+
+
+@pytest.mark.parametrize(
+    "key, answer",
+    [("03.2", MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE), ("03.3", int(make_fake_prompt_ids(MODEL_VOCAB_SIZE, 5)[4, 0]))],
+)
+def test_a_number_to_find_is_not_shown_before_its_exercise(key, answer):
+    """Neither the prose nor a stored output before the exercise's cell (notebook 03's table of id ranges, its
+    summary, notebook 01's prose) states the answer."""
+    for name, cell in cells_before(key):
+        assert re.search(rf"(?<![\d.,]){answer}(?![\d.,])", shown_text(cell)) is None, (name, cell.get("id"))
