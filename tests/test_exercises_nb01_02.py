@@ -110,7 +110,7 @@ def depth_locate(input_ids):
 
 
 def three_lines(input_ids):
-    """The articles' three lines."""
+    """Article 2's three lines."""
     bos_pos = torch.where(input_ids == IMAGE_START_ID)
     eos_pos = torch.where(input_ids == IMAGE_START_ID + 1)
     return torch.stack((bos_pos[0], bos_pos[1], eos_pos[1]), dim=1)

@@ -2,8 +2,11 @@
 (off by one, the wrong convention, a block size inferred from the table's rows, a guess) get a hint that does not
 give the answer away."""
 
+import itertools
+import json
 import re
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +20,12 @@ from qwenvl_lab.fake_ids import make_fake_prompt_ids, replace_image_spans
 from qwenvl_lab.img_pos import locate_img_pos
 from qwenvl_lab.prompt_table import prompt_tuning_embedding
 from qwenvl_lab.resources import images_dir
+from qwenvl_lab.tokenizing import MODEL_VOCAB_SIZE, TOKENIZER_VOCAB_SIZE
 from qwenvl_lab.toy import load_course_model
+from qwenvl_lab.toy.make_samples import SAMPLES
+from qwenvl_lab.toy.shapes import Scene, Shape, describe
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 @pytest.fixture(autouse=True)
@@ -187,11 +195,11 @@ def blend_answers():
     ids = torch.tensor(ids)[None]
     img_pos = locate_img_pos(ids)
     fake_ids = replace_image_spans(ids, img_pos, make_fake_prompt_ids(model.config.vocab_size, 1))
-    names = ["red_circle.png", "blue_square.png", "yellow_circle.png"]
+    names = ["red_circle.png", "blue_square.png", "green_triangle.png"]
     with torch.inference_mode():
-        red, blue, yellow = model.transformer.visual.encode([images_dir() / n for n in names])
+        red, blue, green = model.transformer.visual.encode([images_dir() / n for n in names])
     runner, answers = ModelAsRunner(model), {}
-    for name, table in {"red": red, "blue": blue, "yellow": yellow, "blend": (blue + yellow) / 2}.items():
+    for name, table in {"red": red, "blue": blue, "green": green, "blend": (blue + green) / 2}.items():
         out = runner.generate([fake_ids[0]], prompt_table=table, max_new_tokens=24, return_dict=True)
         answers[name] = answer_text(
             tokenizer, out["output_ids"][0, 0, ids.shape[1] : int(out["sequence_lengths"][0, 0])]
@@ -289,9 +297,11 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("04.2", Blend("blend", lambda a: f" {a}\n"), True, ()),
     ("04.2", Blend("red"), False, ["name no picture", "run answers_with"]),
     ("04.2", Blend("blue"), False, ["one of the two pictures' own answer"]),
-    ("04.2", Blend("yellow"), False, ["one of the two pictures' own answer"]),
-    ("04.2", "一个蓝色和黄色的圆形。", False, ["give its answer exactly"]),
-    ("04.2", "A blue square and a yellow circle.", False, ["give its answer exactly"]),
+    ("04.2", Blend("green"), False, ["one of the two pictures' own answer"]),
+    ("04.2", "一个蓝色的三角形。", False, ["a guess from the two pictures", "run it"]),
+    ("04.2", "一个绿色的正方形。", False, ["a guess from the two pictures", "run it"]),
+    ("04.2", "一个蓝色和绿色的三角形。", False, ["give its answer exactly"]),
+    ("04.2", "A blue square and a green triangle.", False, ["give its answer exactly"]),
     ("04.2", Blend("blend", lambda a: [a]), False, ["as a string"]),
 ]
 SECRETS = {  # numbers a hint to a wrong answer must not show
@@ -330,3 +340,42 @@ def test_04_2_cannot_be_answered_without_running_the_model():
     answers = blend_answers()
     assert len(set(answers.values())) == len(answers)  # the blend's answer is none of the pictures' own
     assert answers["blend"] == nb04.blend_answers()["blend"]  # the check computes what the notebook's cell computes
+
+
+def test_04_2_answer_is_not_one_pictures_colour_with_the_others_shape():
+    """No guess from the two pictures (a colour of one with the shape of the other) gives the blend's answer."""
+    pictures = [SAMPLES[name].shapes for name in nb04.BLEND]
+    crossed = {describe(Scene((Shape(b.kind, a.color, b.box),)), "zh") for a, b in itertools.product(*pictures)}
+    crossed |= {describe(Scene((Shape(a.kind, b.color, a.box),)), "zh") for a, b in itertools.product(*pictures)}
+    assert crossed <= nb04.blend_guesses()
+    assert nb04.blend_answers()["blend"] not in crossed
+
+
+def shown_text(cell) -> str:
+    """A notebook cell's source and the text of its stored outputs."""
+    texts = ["".join(cell["source"])]
+    for output in cell.get("outputs", []):
+        texts.append("".join(output.get("text", "")))
+        texts += ["".join(v) for k, v in output.get("data", {}).items() if k.startswith("text/")]
+    return "\n".join(texts)
+
+
+def cells_before(key: str, notebooks=NOTEBOOKS_DIR):
+    """Every cell a learner sees before exercise `key`'s check cell: the earlier notebooks', then its own up to it."""
+    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if f'check("{key}"' in "".join(cell["source"]):
+                return
+            yield path.name, cell
+    raise AssertionError(f"no notebook checks exercise {key}")
+
+
+@pytest.mark.parametrize(
+    "key, answer",
+    [("03.2", MODEL_VOCAB_SIZE - TOKENIZER_VOCAB_SIZE), ("03.3", int(make_fake_prompt_ids(MODEL_VOCAB_SIZE, 5)[4, 0]))],
+)
+def test_a_number_to_find_is_not_shown_before_its_exercise(key, answer):
+    """Neither the prose nor a stored output before the exercise's cell (notebook 03's table of id ranges, its
+    summary, notebook 01's prose) states the answer."""
+    for name, cell in cells_before(key):
+        assert re.search(rf"(?<![\d.,]){answer}(?![\d.,])", shown_text(cell)) is None, (name, cell.get("id"))

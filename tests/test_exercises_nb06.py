@@ -104,8 +104,12 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
     embeddings=True,
     call="model",
     skip=False,
+    shortcut=False,
+    returns=lambda answer, *engine_inputs: (answer, *engine_inputs),
 ):
-    """A capstone answer, right with the defaults; each keyword turns one step into a typical mistake."""
+    """A capstone answer, right with the defaults; each keyword turns one step into a typical mistake. `shortcut`
+    skips the fake ids and the table, writing input_vit straight into the word embeddings at the spans; `returns`
+    picks what the function gives back from (answer, input_ids, prompt_table, tasks, task_vocab_size)."""
     query = tokenizer.from_list_format([{"image": p} for p in pictures] + [{"text": question}])
     input_ids = torch.tensor([make_context(tokenizer, query)[1]])  # [1, L]
     bos_pos = torch.where(input_ids == IMAGE_START_ID)
@@ -113,6 +117,7 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
     img_pos = torch.stack((bos_pos[0], bos_pos[1], eos_pos[1]), dim=1)  # [N, 3]
     input_vit = model.transformer.visual.encode(pictures)  # [N, 256, H]
     vocab_size = model.config.vocab_size
+    prompt_ids = input_ids.clone()  # [1, L], the picture's path in each span
     first = vocab_size if start is None else start
     fake_prompt_id = torch.arange(first, first + input_vit.shape[0] * input_vit.shape[1]).reshape(input_vit.shape[:2])
     if per_picture:
@@ -123,7 +128,14 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
         else:  # over the opening tag
             input_ids[i, a : b - 1] = fake_prompt_id[k]
     prompt_table = input_vit.reshape(-1, input_vit.shape[-1])  # [N·256, H]
+    tasks, task_vocab_size = torch.zeros(1, dtype=torch.int32), input_vit.shape[1]
     wte = model.transformer.wte.weight  # [V, H]
+    if shortcut:  # no fake ids, no table: input_vit written over the spans' word embeddings
+        input_ids, prompt_table, tasks, task_vocab_size = prompt_ids, None, None, None
+        embeds = wte[input_ids].clone()  # [1, L, H]
+        for k, (i, a, b) in enumerate(img_pos.tolist()):
+            embeds[i, a + 1 : b] = input_vit[k]
+        return returns(greedy_answer(model, tokenizer, embeds, wte), input_ids, prompt_table, tasks, task_vocab_size)
     if not embeddings:
         out = model(
             input_ids,
@@ -131,7 +143,8 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
             tasks=torch.zeros(1, dtype=torch.int32),
             task_vocab_size=prompt_table.shape[0],
         )
-        return tokenizer.decode([int(out.logits[0, -1].argmax())])
+        answer = tokenizer.decode([int(out.logits[0, -1].argmax())])
+        return returns(answer, input_ids, prompt_table, tasks, task_vocab_size)
     fake = (input_ids >= vocab_size) & table
     rows = prompt_table[(input_ids - vocab_size).clamp(0, len(prompt_table) - 1)]
     embeds = torch.where(fake[..., None], rows, wte[input_ids.clamp(max=vocab_size - 1)])  # [1, L, H]
@@ -143,7 +156,20 @@ def pipeline(  # noqa: PLR0913 — the signature of what it stands in for
             break
         new_ids.append(token)
         embeds = torch.cat([embeds, wte[token if append else first_token][None, None]], dim=1)
-    return tokenizer.decode(new_ids, skip_special_tokens=skip)
+    answer = tokenizer.decode(new_ids, skip_special_tokens=skip)
+    return returns(answer, input_ids, prompt_table, tasks, task_vocab_size)
+
+
+def greedy_answer(model, tokenizer, embeds, wte):
+    """The greedy answer of at most 24 tokens to the prompt's embeddings [1, L, H], stopped at <|im_end|>."""
+    new_ids = []
+    while len(new_ids) < 24:
+        token = int(model(inputs_embeds=embeds).logits[0, -1].argmax())
+        if token == IM_END_ID:
+            break
+        new_ids.append(token)
+        embeds = torch.cat([embeds, wte[token][None, None]], dim=1)
+    return tokenizer.decode(new_ids)
 
 
 def logits_of(model, embeds, call):
@@ -166,7 +192,8 @@ def pipeline_vectorised(model, tokenizer, pictures, question):
     for a, b in zip(starts.tolist(), ends.tolist()):
         inside[a + 1 : b] = True
     ids = torch.where(inside, V + inside.long().cumsum(0) - 1, ids)  # V, V+1, … over every span in order
-    table = model.transformer.visual.encode(pictures).flatten(0, 1)  # [N·256, H]
+    input_vit = model.transformer.visual.encode(pictures)  # [N, 256, H]
+    table = input_vit.flatten(0, 1)  # [N·256, H]
     wte = model.transformer.wte.weight
     embeds = torch.where(
         inside[:, None], F.embedding((ids - V).clamp(min=0), table), F.embedding(ids.clamp(max=V - 1), wte)
@@ -179,7 +206,7 @@ def pipeline_vectorised(model, tokenizer, pictures, question):
             break
         answer.append(token)
         embeds = torch.cat([embeds, F.embedding(torch.tensor([token]), wte)])
-    return tokenizer.decode(answer)
+    return tokenizer.decode(answer), ids.tolist(), table, [0], torch.tensor([input_vit.shape[1]])
 
 
 def keep_going(model, tokenizer, pictures, question):
@@ -259,9 +286,62 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ("06.3", keep_going, False, ["prompt's embeddings are right", "stop at <|im_end|>"]),
     ("06.3", lambda *a: pipeline(*a, skip=True), False, ["Where is the blue square", "without skip_special_tokens"]),
     ("06.3", lambda *a: pipeline(*a, embeddings=False), False, ["ids, not embeddings", "the lookup is yours"]),
+    ("06.3", lambda *a: pipeline(*a, shortcut=True, returns=lambda answer, *_: answer), False, ["only the answer"]),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, shortcut=True),
+        False,
+        ["no fake id", "input_vit straight into the word embeddings", "skips the fake ids and the prompt table"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, table, *rest: (answer, ids, None, *rest)),
+        False,
+        ["the prompt table your fake ids read", "not a NoneType", "skips the table"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, table, *rest: (answer, ids, table[None], *rest)),
+        False,
+        ["[1, 256, 128]", "flatten it to [N·256, H]"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, table, *rest: (answer, ids, table.flip(0), *rest)),
+        False,
+        ["not input_vit flattened", "picture after picture"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, *rest: (answer, ids[:, :-1], *rest)),
+        False,
+        ["your input_ids hold", "spans included"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, table, *rest: (answer, ids, table, [1], rest[-1])),
+        False,
+        ["task 0"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(
+            *a, returns=lambda answer, ids, table, tasks, size: (answer, ids, table, tasks, len(table))
+        ),
+        False,
+        ["Which picture has a red triangle", "task_vocab_size is the rows of one picture's block"],
+    ),
+    (
+        "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, *rest: (answer, ids.float(), *rest)),
+        False,
+        ["integers, a tensor [1, L]"],
+    ),
+    ("06.3", lambda *a: pipeline(*a)[:3], False, ["returned a value of type tuple"]),
     ("06.3", lambda *a: None, False, ["not attempted yet"]),
     ("06.3", raises(NotImplementedError), False, ["not attempted yet"]),
-    ("06.3", lambda *a: 42, False, ["a str"]),
+    ("06.3", lambda *a: 42, False, ["returned a value of type int"]),
+    ("06.3", lambda *a: pipeline(*a, returns=lambda answer, *rest: (42, *rest)), False, ["a str"]),
     ("06.3", "一个红色的圆形。", False, ["your function itself"]),
 ]
 

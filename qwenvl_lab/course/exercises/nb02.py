@@ -210,7 +210,7 @@ def SELF_CHECK():
         ),
         Question(
             "A row's `</img>` comes before its `<img>`; every row has as many `<img>` as `</img>`. What do the "
-            "articles' three lines (and run.py's assertion on the batch rows) do?",
+            "article 2's three lines (and run.py's assertion on the batch rows) do?",
             (
                 wrong("raise an error", "the counts agree and the rows agree, so `torch.stack` and the assertion pass"),
                 right(

@@ -19,6 +19,8 @@ from ...tokenizing import (
     load_tokenizer,
 )
 from ...toy import load_course_model
+from ...toy.make_samples import SAMPLES
+from ...toy.shapes import Scene, Shape, describe
 from . import exercise
 from .nb03 import NOT_ATTEMPTED
 from .selfcheck import Question, right, wrong
@@ -188,7 +190,7 @@ def check_prompt_tuning_embedding(my_lookup):
     return None
 
 
-BLEND = ("blue_square.png", "yellow_circle.png")  # exercise 04.2: the two pictures whose features are averaged
+BLEND = ("blue_square.png", "green_triangle.png")  # exercise 04.2: the two pictures whose features are averaged
 BLEND_QUESTION, BLEND_IDS = "图片里是什么？", "red_circle.png"  # the request whose ids are kept
 
 
@@ -205,6 +207,12 @@ def blend_answers() -> dict:
         name: ask_batch(ModelAsRunner(model), None, tokenizer, request, input_vit=table[None], max_new_tokens=24)[0]
         for name, table in tables.items()
     }
+
+
+def blend_guesses() -> set[str]:
+    """The answers one can tell from BLEND's two pictures without running: a colour of one with a shape of either."""
+    shapes = [shape for name in BLEND for shape in SAMPLES[name].shapes]
+    return {describe(Scene((Shape(kind.kind, color.color, kind.box),)), "zh") for color in shapes for kind in shapes}
 
 
 @exercise(
@@ -226,8 +234,13 @@ def check_table_decides(answer):
         )
     if answer.strip() in (answers[BLEND[0]], answers[BLEND[1]]):
         return "that is one of the two pictures' own answer; the averaged table is neither picture: run it"
+    if answer.strip() in blend_guesses():
+        return (
+            "that answer is a guess from the two pictures (one's colour, the other's shape); what the model makes of "
+            "an averaged table no reasoning tells: run it"
+        )
     return (
-        "run answers_with(fake_ids, (blue + yellow) / 2, tasks, task_vocab_size)[0], each [256, H] block from "
+        "run answers_with(fake_ids, (blue + green) / 2, tasks, task_vocab_size)[0], each [256, H] block from "
         "visual.encode, and give its answer exactly"
     )
 

@@ -35,6 +35,7 @@ CAPSTONE_CASES = (  # exercise 06.3: one picture, two pictures in one prompt who
     (("red_circle_blue_square.png",), "Where is the blue square?"),
 )
 CAPSTONE_TOKENS = 24
+ENGINE_INPUTS = "(answer, input_ids, prompt_table, tasks, task_vocab_size)"  # what the capstone returns
 
 
 @lru_cache(maxsize=1)
@@ -207,7 +208,8 @@ def short_path(picture: str) -> str:
 
 
 def capstone_reference(model, tokenizer, pictures, question):
-    """The package's answer and prompt embeddings [L, H] for one capstone case (the Python-session convention)."""
+    """The package's answer, prompt embeddings [L, H], img_pos and engine inputs (fake ids [L], table [N·256, H],
+    tasks, task_vocab_size) for one capstone case (the Python-session convention)."""
     paths = [images_dir() / p for p in pictures]
     ids = torch.tensor(make_prompt(tokenizer, question, paths)[1])[None]  # [1, L]
     with torch.inference_mode():
@@ -217,7 +219,8 @@ def capstone_reference(model, tokenizer, pictures, question):
             fake_ids, model.transformer.wte.weight, table, tasks, rows, model.config.vocab_size
         )
         out = ModelAsRunner(model).generate([fake_ids[0]], prompt_table=table, max_new_tokens=CAPSTONE_TOKENS)
-    return answer_text(tokenizer, out[0, 0, ids.shape[1] :]), embeds[0], locate_img_pos(ids)
+    answer = answer_text(tokenizer, out[0, 0, ids.shape[1] :])
+    return answer, embeds[0], locate_img_pos(ids), (fake_ids[0], table, tasks, rows)
 
 
 def decoding_hint(case: str, calls: int, answer: str, expected: str) -> str | None:
@@ -248,9 +251,9 @@ def decoding_hint(case: str, calls: int, answer: str, expected: str) -> str | No
     )
 
 
-def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answer: str, expected: str) -> str | None:
+def embeddings_hint(case: str, probe: Probe, expected_embeds, img_pos) -> str | None:
     """Where the learner's pipeline first parts from the package's, read from the model's first call (the prompt's
-    embeddings must be the package's, bit for bit), or None when they agree and so does the answer."""
+    embeddings must be the package's, bit for bit), or None when they agree."""
     if probe.first_call is None:
         return (
             f"on {case} your function never called the model it was given: call model(inputs_embeds=…) (or "
@@ -271,7 +274,7 @@ def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answer: str
         )
     differ = (embeds != expected_embeds.to(embeds.dtype)).any(dim=-1).nonzero()
     if not len(differ):
-        return decoding_hint(case, probe.calls, answer, expected)
+        return None
     p = int(differ[0])
     for k, (_, a, b) in enumerate(img_pos.tolist()):
         if p in (a, b):
@@ -284,9 +287,72 @@ def capstone_hint(case: str, probe: Probe, expected_embeds, img_pos, answer: str
     return f"on {case} position {p} holds a text id: ids below vocab_size read their own row of the word embedding"
 
 
-@exercise("06.3", "the capstone: my_pipeline(model, tokenizer, pictures, question), the whole pipeline by hand")
+def as_ids(value) -> list[int] | None:
+    """One prompt's ids ([L] or [1, L]: a tensor, an array or nested lists) as a list of ints, else None."""
+    try:
+        value = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if value.dim() not in (1, 2) or not value.numel() or value.dtype.is_floating_point or value.dtype == torch.bool:
+        return None
+    return value.reshape(-1).tolist()
+
+
+def fake_ids_hint(case: str, ids, expected: torch.Tensor, vocab_size: int) -> str | None:
+    """None when the learner's returned ids are the package's ids with fake ids, else a hint; ids without a fake id
+    are the shortcut that writes input_vit straight into the word embeddings."""
+    mine = as_ids(ids)
+    if mine is None:
+        return f"on {case} return the prompt's ids, fake ids included, as input_ids: integers, a tensor [1, L]"
+    if max(mine) < vocab_size:
+        return (
+            f"on {case} your input_ids hold no fake id (none is ≥ vocab_size): writing input_vit straight into the "
+            "word embeddings at the spans skips the fake ids and the prompt table, and an engine takes ids and a "
+            "table, never embeddings: put fake ids in the spans (03) and let your lookup read the table (04)"
+        )
+    if len(mine) != len(expected):
+        return (
+            f"on {case} your input_ids hold {len(mine)} ids, the prompt {len(expected)}: return the prompt's ids as "
+            "the model first read them, spans included, without the answer's tokens"
+        )
+    differ = next((p for p, (a, b) in enumerate(zip(mine, expected.tolist())) if a != b), None)
+    if differ is not None:
+        return (
+            f"on {case} your input_ids differ from the package's at position {differ}: return the ids your lookup "
+            "read, fake ids numbered on from vocab_size over every picture, between the tags"
+        )
+    return None
+
+
+def table_hint(case: str, table, tasks, task_vocab_size, expected) -> str | None:
+    """None when the learner's prompt table, tasks and task_vocab_size are ptuning_setup's, else a hint."""
+    want_table, want_tasks, want_size = expected
+    if not isinstance(table, torch.Tensor):
+        return (
+            f"on {case} return the prompt table your fake ids read, a tensor [N·256, H], not a "
+            f"{type(table).__name__}: writing input_vit straight into the embeddings skips the table an engine reads"
+        )
+    if table.dim() == 3 and table.shape[0] * table.shape[1] == want_table.shape[0]:
+        return f"on {case} your prompt_table is {list(table.shape)}: flatten it to [N·256, H], as ptuning_setup does"
+    if table.shape != want_table.shape or not torch.equal(table.detach().to(want_table.dtype), want_table):
+        return (
+            f"on {case} your prompt_table is not input_vit flattened to [N·256, H], picture after picture: the "
+            "table your fake ids read"
+        )
+    if as_ids(tasks) != want_tasks.tolist():
+        return f"on {case} tasks: one request reads its task's block, task 0, as ptuning_setup gives it (04)"
+    if whole_number(task_vocab_size) != int(want_size):
+        return f"on {case} task_vocab_size is the rows of one picture's block, as ptuning_setup gives it (04)"
+    return None
+
+
+@exercise(
+    "06.3",
+    f"the capstone: my_pipeline(model, tokenizer, pictures, question) -> {ENGINE_INPUTS}, the whole pipeline by hand",
+)
 def check_pipeline(my_pipeline):
-    """The learner's pipeline against the package's on one picture and on two pictures in one prompt."""
+    """The learner's pipeline against the package's on one picture and on two pictures in one prompt: its answer,
+    the embeddings of its first call, and the fake ids, table and tasks it returns."""
     if not callable(my_pipeline):
         return "give your function itself (my_pipeline), not its result"
     model, tokenizer = course()[3], course()[2]
@@ -295,15 +361,27 @@ def check_pipeline(my_pipeline):
         probe = Probe(model)
         try:
             with torch.inference_mode():
-                answer = my_pipeline(probe, tokenizer, [short_path(p) for p in pictures], question)
+                result = my_pipeline(probe, tokenizer, [short_path(p) for p in pictures], question)
         except NotImplementedError:
             return NOT_ATTEMPTED
-        if answer is None:
+        if result is None:
             return NOT_ATTEMPTED if k == 0 else f"on {case} your function returned None"
+        if not isinstance(result, (tuple, list)) or len(result) != 5:
+            got = "only the answer" if isinstance(result, str) else f"a value of type {type(result).__name__}"
+            return (
+                f"return {ENGINE_INPUTS}, the answer's text with the fake ids, the table, tasks and task_vocab_size "
+                f"you built, the inputs an engine takes; your function returned {got}"
+            )
+        answer, ids, table, tasks, task_vocab_size = result
         if not isinstance(answer, str):
-            return f"return the answer's text (a str), got {type(answer).__name__}"
-        expected, embeds, img_pos = capstone_reference(model, tokenizer, pictures, question)
-        hint = capstone_hint(case, probe, embeds, img_pos, answer, expected)
+            return f"return the answer's text (a str) first, got {type(answer).__name__}"
+        expected, embeds, img_pos, (want_ids, *want_table) = capstone_reference(model, tokenizer, pictures, question)
+        hint = (
+            embeddings_hint(case, probe, embeds, img_pos)
+            or fake_ids_hint(case, ids, want_ids, model.config.vocab_size)
+            or table_hint(case, table, tasks, task_vocab_size, want_table)
+            or decoding_hint(case, probe.calls, answer, expected)
+        )
         if hint is not None:
             return hint
     return None
