@@ -25,7 +25,7 @@ def test_a_notebook_is_counted_as_a_learner_meets_it(tmp_path):
         tmp_path / "09_demo.ipynb",
         [
             ("markdown", "# A title\n\n**Predict, then run.** " + "word " * 140),
-            ("code", "x = 1\n\n# a comment\ny = 2\n"),
+            ("code", "x = 1\n\n# a comment\ny = max(\n    2,\n    3,\n)\n"),
             ("code", 'def my_answer():\n    ...  # your code\n\n\ncheck("09.1", my_answer)'),
             ("markdown", "**Predict, then run** again"),
             ("code", 'check("09.2", None)\ncheck("09.1", None)'),
@@ -43,13 +43,14 @@ def test_a_notebook_is_counted_as_a_learner_meets_it(tmp_path):
     time = st.study_time(notebook, self_check=3)
     assert (time.words, time.code_lines, time.predictions, time.exercises, time.solution_lines, time.self_check) == (
         150,  # the words of the markdown cells
-        4,  # the code a learner reads: no blank line, no comment, not the cell left for the answer
+        6,  # the code a learner reads: no blank line, no comment, no line of closing brackets alone, not the cell left
+        # for the answer
         2,
         2,  # 09.1 and 09.2, each once however often it is checked
         5,  # 3 lines of 09.1's solution cell + 2 of 09.2's
         3,
     )
-    assert time.minutes == pytest.approx(150 / 150 + 4 / 10 + 2 * 2 + 2 * 2 + 5 * 0.5 + 3)
+    assert time.minutes == pytest.approx(150 / 150 + 6 / 10 + 2 * 2 + 2 * 2 + 5 * 0.5 + 3)
     assert time.rounded == 15
 
 

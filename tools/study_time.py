@@ -60,9 +60,17 @@ def _cells(path: Path) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
+CLOSING = re.compile(r"^[)\]}]+[,:]?$")  # a line the formatter gives to closing brackets: nothing new to read
+
+
 def _code_lines(source: str) -> int:
-    """Lines of code a learner reads: not blank, not a comment, not an nbval marker."""
-    return sum(1 for line in source.splitlines() if line.strip() and not line.strip().startswith("#"))
+    """Lines of code a learner reads: not blank, not a comment, not an nbval marker, not closing brackets alone (so
+    that the formatter's wrapping of a call adds its arguments' lines, not its brackets')."""
+    return sum(
+        1
+        for line in source.splitlines()
+        if (text := line.strip()) and not text.startswith("#") and not CLOSING.match(text)
+    )
 
 
 def solution_lines(solutions: Path | None) -> dict[str, int]:

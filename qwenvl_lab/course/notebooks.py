@@ -38,23 +38,23 @@ NOTEBOOKS = (
     Notebook("00", "00_welcome", "Welcome", True, "the map of the pipeline with real shapes; check your setup", 15, 10),
     Notebook(
         "01", "01_tokenizing", "Tokenizing", True,
-        "`from_list_format`, chatml, the special tokens, a picture's 256-id span", 35, 10,
+        "`from_list_format`, chatml, the special tokens, a picture's 256-id span", 40, 15,
     ),
     Notebook(
         "02", "02_locating_img_pos", "Locating img_pos", True,
-        "`img_pos` `[N, 3]` for a batch, with a `locate_img_pos` of your own", 35, 10,
+        "`img_pos` `[N, 3]` for a batch, with a `locate_img_pos` of your own", 40, 15,
     ),
     Notebook(
         "03", "03_fake_prompt_ids", "Fake prompt ids", True,
-        "fake ids from 151936 in every span, written by you; a batch numbered run.py's way", 35, 10,
+        "fake ids from 151936 in every span, written by you; a batch numbered run.py's way", 35, 15,
     ),
     Notebook(
         "04", "04_prompt_table", "The prompt table", True,
-        "the lookup with `tasks` by hand on ten ids, then `input_vit`, `ptuning_setup` and the real vocabulary", 40, 15,
+        "the lookup with `tasks` by hand on ten ids, then `input_vit`, `ptuning_setup` and the real vocabulary", 45, 15,
     ),
     Notebook(
         "05", "05_building_the_engine", "Building the engine", True,
-        "build limits, the engine's prompt-table inputs, what it refuses; TensorRT-LLM in 2026", 35, 10,
+        "build limits, the engine's prompt-table inputs, what it refuses; TensorRT-LLM in 2026", 35, 15,
     ),
     Notebook(
         "06", "06_generating_text", "Generating text", True,
@@ -63,24 +63,24 @@ NOTEBOOKS = (
     Notebook(
         "07", "07_performance", "Performance", False,
         "eager against the engine on your machine, the committed GPU run, the bandwidth limit; weight-only INT8 and "
-        "article 2's precision table", 70, 15,
+        "article 2's precision table", 70, 20,
     ),
     Notebook(
         "08", "08_troubleshooting", "Troubleshooting", False,
         "the errors users of Qwen-VL on TensorRT-LLM meet, reproduced and explained; KV-cache reuse and the wrong picture; "
-        "which stage made two answers differ", 140, 25,
+        "which stage made two answers differ", 140, 30,
     ),
     Notebook(
         "09", "09_the_visual_vocabulary_today", "The visual vocabulary today", False,
-        "the same picture through today's engines' placeholder ids, bit for bit; TensorRT-LLM in 2026", 90, 10,
+        "the same picture through today's engines' placeholder ids, bit for bit; TensorRT-LLM in 2026", 100, 15,
     ),
     Notebook(
         "10", "10_batching_in_the_two_runtimes", "Batching in the two runtimes", False,
-        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 75, 15,
+        "run.py's one table and the C++ executor's blocks, with their sources; `tasks` per token; KV-cache reuse", 75, 20,
     ),
     Notebook(
         "11", "11_sampling_chat_and_grounding", "Sampling, chat and grounding", False,
-        "what run.py samples with, `top_p` and temperature, beams, stop words, a streamed chat, boxes", 55, 20,
+        "what run.py samples with, `top_p` and temperature, beams, stop words, a streamed chat, boxes", 55, 30,
     ),
     Notebook(
         "12", "12_the_tensorrt_paths", "The TensorRT paths", False,
@@ -88,7 +88,7 @@ NOTEBOOKS = (
     ),
     Notebook(
         "13", "13_the_articles_claims", "The articles' claims", False,
-        "every claim of the two articles with its evidence and verdict; the measured ones measured", 55, 30,
+        "every claim of the two articles with its evidence and verdict; the measured ones measured", 65, 40,
     ),
 )  # fmt: skip
 BY_NUMBER = {notebook.number: notebook for notebook in NOTEBOOKS}
