@@ -456,17 +456,22 @@ def eager_generate(model, requests, table, new_tokens: int) -> torch.Tensor:
     return out[:, width:]
 
 
+def session_arguments(table, count: int, new_tokens: int) -> dict:
+    """Runner.generate's arguments for `count` requests in the python-session convention (tasks 0, one table),
+    greedy with no stopping (end_id -1) for `new_tokens` tokens."""
+    return {
+        "prompt_table": table,
+        "prompt_tasks": ",".join("0" * count),
+        "task_vocab_size": IMG_TOKEN_SPAN,
+        "max_new_tokens": new_tokens,
+        "end_id": -1,
+        "pad_id": ENDOFTEXT_ID,
+    }
+
+
 def engine_generate(runner, requests, table, new_tokens: int) -> torch.Tensor:
     """The engine on the same requests and table (python-session convention, tasks 0): new tokens [B, new_tokens]."""
-    out = runner.generate(
-        requests,
-        prompt_table=table,
-        prompt_tasks=",".join("0" * len(requests)),
-        task_vocab_size=IMG_TOKEN_SPAN,
-        max_new_tokens=new_tokens,
-        end_id=-1,
-        pad_id=ENDOFTEXT_ID,
-    )
+    out = runner.generate(requests, **session_arguments(table, len(requests), new_tokens))
     return torch.stack([out[i, 0, len(ids) : len(ids) + new_tokens] for i, ids in enumerate(requests)]).long()
 
 
@@ -982,12 +987,7 @@ def first_token(runner, prompts, table, new_tokens: int, device: torch.device) -
     start = time.perf_counter()
     stream = runner.generate(
         prompts,
-        prompt_table=table,
-        prompt_tasks=",".join("0" * len(prompts)),
-        task_vocab_size=IMG_TOKEN_SPAN,
-        max_new_tokens=new_tokens,
-        end_id=-1,
-        pad_id=ENDOFTEXT_ID,
+        **session_arguments(table, len(prompts), new_tokens),
         multimodal_hashes=[["picture"]] * len(prompts),
         streaming=True,
         return_dict=True,
