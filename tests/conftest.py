@@ -145,3 +145,16 @@ def refuse_writes_in(monkeypatch, folder) -> None:
 
     monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
     monkeypatch.setattr(os, "open", refuse(real_open))
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """The course's engine (notebook 06's `course()`), built into a temporary output folder, with its vision part,
+    tokenizer and eager model; a module that needs another `course` defines its own."""
+    from qwenvl_lab.course.exercises import nb06  # noqa: PLC0415 — only the modules that ask for it pay the import
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QWENVL_LAB_OUTPUT", str(tmp_path_factory.mktemp("course-output")))
+        nb06.course.cache_clear()
+        yield nb06.course()
+    nb06.course.cache_clear()

@@ -21,16 +21,6 @@ def only_notebook_06(monkeypatch):
     monkeypatch.setattr(exercises, "NOTEBOOK_MODULES", ("nb06",))
 
 
-@pytest.fixture(scope="module")
-def course(tmp_path_factory):
-    """The course's engine, built into a temporary output folder, with its vision part, tokenizer and eager model."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("QWENVL_LAB_OUTPUT", str(tmp_path_factory.mktemp("course-output")))
-        nb06.course.cache_clear()
-        yield nb06.course()
-    nb06.course.cache_clear()
-
-
 # 06.1 — greedy decoding
 
 

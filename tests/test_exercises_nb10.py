@@ -10,7 +10,7 @@ import torch
 
 from qwenvl_lab.chat import ModelAsRunner, make_prompt
 from qwenvl_lab.course import exercises
-from qwenvl_lab.course.exercises import check, nb06, nb10
+from qwenvl_lab.course.exercises import check, nb10
 from qwenvl_lab.prompt_table import per_request_tables, single_table_batch
 from qwenvl_lab.resources import images_dir
 from qwenvl_lab.tokenizing import ENDOFTEXT_ID, IM_END_ID
@@ -20,16 +20,6 @@ from qwenvl_lab.tokenizing import ENDOFTEXT_ID, IM_END_ID
 def only_notebook_10(monkeypatch):
     """Load notebook 10's checks only."""
     monkeypatch.setattr(exercises, "NOTEBOOK_MODULES", ("nb10",))
-
-
-@pytest.fixture(scope="module")
-def course(tmp_path_factory):
-    """The course's engine, built into a temporary output folder, with its vision part, tokenizer and eager model."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("QWENVL_LAB_OUTPUT", str(tmp_path_factory.mktemp("course-output")))
-        nb06.course.cache_clear()
-        yield nb06.course()
-    nb06.course.cache_clear()
 
 
 class Eager:

@@ -9,7 +9,7 @@ import torch
 
 from qwenvl_lab.chat import ModelAsRunner, make_prompt
 from qwenvl_lab.course import exercises
-from qwenvl_lab.course.exercises import check, nb06, nb11
+from qwenvl_lab.course.exercises import check, nb11
 from qwenvl_lab.prompt_table import per_request_tables
 from qwenvl_lab.resources import images_dir
 
@@ -18,16 +18,6 @@ from qwenvl_lab.resources import images_dir
 def only_notebook_11(monkeypatch):
     """Load notebook 11's checks only."""
     monkeypatch.setattr(exercises, "NOTEBOOK_MODULES", ("nb11",))
-
-
-@pytest.fixture(scope="module")
-def course(tmp_path_factory):
-    """The course's engine, built into a temporary output folder, with its vision part, tokenizer and eager model."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("QWENVL_LAB_OUTPUT", str(tmp_path_factory.mktemp("course-output")))
-        nb06.course.cache_clear()
-        yield nb06.course()
-    nb06.course.cache_clear()
 
 
 def beam(course, k):
