@@ -366,7 +366,10 @@ def first_stage(answer):
     except ValueError:
         return "give one of the dump's stage names: pixels, input_vit, prompt_ids, …, logits, output_ids"
     if name == "input_vit":
-        return "input_vit diverges, but the tower computes it from what it is given: does an earlier row diverge?"
+        return (
+            "input_vit differs too, but the diff marks it 'carried': the tower computes it from what it is given; "
+            "does an earlier row diverge?"
+        )
     if spec.ids:
         return f"{name} is the same in both dumps (ids are compared exactly)"
     return LATER
