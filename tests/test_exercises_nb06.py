@@ -315,6 +315,12 @@ CASES = [  # (exercise, answer, right?, words the hint must hold)
     ),
     (
         "06.3",
+        lambda *a: pipeline(*a, returns=lambda answer, ids, table, *rest: (answer, ids, table, 0, rest[-1])),
+        False,
+        ["tasks is a bare number", "a tensor [B] ([1] here)"],
+    ),
+    (
+        "06.3",
         lambda *a: pipeline(
             *a, returns=lambda answer, ids, table, tasks, size: (answer, ids, table, tasks, len(table))
         ),

@@ -100,6 +100,17 @@ def scale_as_step_count(w):
     return q, scale * 128
 
 
+def scales_in_float16(w):
+    q, scale = quantize_by_hand(w)
+    return q, scale.half()
+
+
+def per_tensor_repeated(w):
+    scale = (w.abs().max() / 128).expand(w.shape[0])
+    steps = w / scale[:, None]
+    return (steps.sign() * (steps.abs() + 0.5).floor()).clamp(-128, 127).to(torch.int8), scale
+
+
 def one_thing(w):
     return quantize_by_hand(w)[0]
 
@@ -119,6 +130,8 @@ def stub(w):
         (truncated, "truncates toward zero"),
         (as_float, "stored as int8"),
         (scale_as_step_count, "the largest |w| divided by 128"),
+        (scales_in_float16, "scales in float32, not torch.float16"),
+        (per_tensor_repeated, "per-tensor"),
         (one_thing, "(q, scale)"),
         ("quantize", "give a function"),
     ],

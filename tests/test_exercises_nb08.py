@@ -232,6 +232,15 @@ def first_name_for_every_span(batch_input_ids, vocab_size, pictures):
     return [by_name([ids], vocab_size, [[names[0]] * len(names)])[0] for ids, names in zip(batch_input_ids, pictures)]
 
 
+def changing_along_the_span(batch_input_ids, vocab_size, pictures):
+    """The picture's id from its name plus the fake id's place in its span: the same for the same picture every time,
+    but not one id per picture, as the guide's rule gives."""
+    return [
+        [e + (t - vocab_size) % 256 if t >= vocab_size else 0 for t, e in zip(ids, r)]
+        for ids, r in zip(batch_input_ids, by_name(batch_input_ids, vocab_size, pictures))
+    ]
+
+
 def by_letters(batch_input_ids, vocab_size, pictures):
     """A 'hash' that adds up the name's characters: pictures whose names have the same letters collide."""
     return [
@@ -268,6 +277,7 @@ WRONG = [
     (the_same_id_on_text, ["text ids keep extra id 0"]),
     (the_first_picture_zero, ["must be > 0"]),
     (first_name_for_every_span, ["the same picture must carry the same extra id", "two pictures"]),
+    (changing_along_the_span, ["one extra id, the picture's", "change along its span"]),
     (by_letters, ["share an extra id"]),
     (one_short, ["one extra id per input id"]),
     (negative_for_pictures, ["unsigned 64-bit", "0 and above"]),

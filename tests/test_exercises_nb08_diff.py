@@ -61,6 +61,14 @@ def test_the_first_stage_wrong(answer, hint):
     assert not result and hint in result.message and "'pixels'" not in result.message
 
 
+def test_a_stage_the_diff_marks_carried_is_not_called_diverging(comparison):
+    carried = [r.name for r in comparison.results if r.status == "carried"]
+    assert "input_vit" in carried
+    for name in carried:
+        result = check("08.4", name)
+        assert not result and f"{name} diverges" not in result.message, result
+
+
 @pytest.mark.parametrize("answer", ["b", "B", " (b) ", "b\n"])
 def test_the_cause_right(answer):
     assert check("08.5", answer)

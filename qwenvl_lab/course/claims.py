@@ -283,11 +283,13 @@ CLAIMS = (
         "as the article says, the INT8 engine holding 0.58× the float16 weights (lm_head and the embedding stay "
         "float16), and INT8 decodes 1.16× float16 at batch 1, not 2×. Quality: the course's toy model answers 500 "
         "held-out questions alike in every precision (0.996, a demonstration); at full size INT8 moves the logits 17 % from float16, "
-        "same top token at 61 % of the steps, on random weights whose logits are nearly tied. Not checkable here: a "
+        "same top token at 61 % of the steps, on random weights (the margins between their best logits were not "
+        "recorded). Not checkable here: a "
         "trained Qwen-VL-Chat's benchmark quality in each precision, and TensorRT-LLM's own INT8 kernels.",
         "measured: an NVIDIA H200 running this package's own engine (not TensorRT-LLM) on Qwen-VL-Chat's shapes "
         "with random weights (data/benchmarks/int8/): peak GPU memory at batch 1 of 29.3, 16.5 and 10.7 GiB in "
-        "float32, float16 and weight-only INT8; the quality column is not checkable here",
+        "float32, float16 and weight-only INT8 (the float32 engine built for a smaller KV cache: its figure, if "
+        "anything, low); the quality column is not checkable here",
         "partly confirmed",
     ),
     Claim(

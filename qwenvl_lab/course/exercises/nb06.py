@@ -339,6 +339,11 @@ def table_hint(case: str, table, tasks, task_vocab_size, expected) -> str | None
             f"on {case} your prompt_table is not input_vit flattened to [N·256, H], picture after picture: the "
             "table your fake ids read"
         )
+    if as_ids(tasks) is None and whole_number(tasks) is not None:
+        return (
+            f"on {case} tasks is a bare number: give one task a request, a tensor [B] ({list(want_tasks.shape)} "
+            "here), as ptuning_setup gives it (04)"
+        )
     if as_ids(tasks) != want_tasks.tolist():
         return f"on {case} tasks: one request reads its task's block, task 0, as ptuning_setup gives it (04)"
     if whole_number(task_vocab_size) != int(want_size):

@@ -226,7 +226,17 @@ def _scale_hint(scale: torch.Tensor, w: torch.Tensor, expected: torch.Tensor) ->
         return "that is one scale per input column: take each output row's (dim 1's) largest |w|"
     if scale.reshape(-1).shape != expected.shape:
         return f"scale should hold one number per output row: [{w.shape[0]}]"
+    if scale.dtype in (torch.float16, torch.bfloat16) and torch.allclose(
+        scale.reshape(-1).float(), expected, rtol=2**-7
+    ):
+        return (
+            f"return the scales in float32, not {scale.dtype}: TensorRT-LLM rounds w / scale with the float32 scale "
+            "and only afterwards stores the scales in the weight's dtype"
+        )
     scale = scale.reshape(-1).float()
+    per_tensor = torch.full_like(scale, float(w.abs().max()) / 128)
+    if torch.allclose(scale, per_tensor) and not torch.allclose(scale, expected):
+        return "one scale for the whole matrix, repeated for each row, is per-tensor quantization: take each row's own"
     if torch.allclose(scale, expected * 128 / 127):
         return "TensorRT-LLM divides the largest |w| by 128 (2^7), not 127; the +128 that gives is clipped to 127"
     if torch.allclose(scale, expected * 128):

@@ -241,8 +241,10 @@ def _rule_broken(sent) -> str | None:
     id; for a picture's fake ids (span k of a request: its k-th picture) an id > 0, the same wherever the same picture
     appears, different for different pictures. A hint, or None."""
     given = {}  # picture → the extra ids its fake ids carry
+    spans = {}  # picture → the extra ids along each of its spans
     for batch, pictures, result in sent:
         for ids, extras, names in zip(batch, result, pictures):
+            along = {}  # span k of the request → its extra ids in order
             for token, extra in zip(ids, extras):
                 if token < V and extra != 0:
                     return "text ids keep extra id 0 (only fake ids, >= vocab_size, carry one)"
@@ -250,7 +252,15 @@ def _rule_broken(sent) -> str | None:
                     if extra <= 0:
                         return "a fake id's extra id must be > 0: 0 is what text ids carry"
                     given.setdefault(names[(token - V) // IMG_TOKEN_SPAN], set()).add(extra)
+                    along.setdefault((token - V) // IMG_TOKEN_SPAN, []).append(extra)
+            for k, run in along.items():
+                spans.setdefault(names[k], set()).add(tuple(run))
     if any(len(extras) > 1 for extras in given.values()):
+        if all(len(runs) == 1 for runs in spans.values()):
+            return (
+                "the guide's rule gives all the fake ids of a picture one extra id, the picture's (section 6, Fix 1): "
+                "yours change along its span"
+            )
         return (
             "the same picture must carry the same extra id everywhere (in a request of two pictures, each picture's "
             "span its own), or the cache can never be reused for it"
@@ -356,7 +366,10 @@ def first_stage(answer):
     except ValueError:
         return "give one of the dump's stage names: pixels, input_vit, prompt_ids, …, logits, output_ids"
     if name == "input_vit":
-        return "input_vit diverges, but the tower computes it from what it is given: does an earlier row diverge?"
+        return (
+            "input_vit differs too, but the diff marks it 'carried': the tower computes it from what it is given; "
+            "does an earlier row diverge?"
+        )
     if spec.ids:
         return f"{name} is the same in both dumps (ids are compared exactly)"
     return LATER
