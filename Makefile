@@ -222,6 +222,7 @@ $(HUB_STAMP): $(COURSE_STAMP)
 	touch $@
 
 class-load: $(HUB_STAMP)
+	@mkdir -p course-output  # the default --json's folder: the course's own (a folder you name must exist)
 	$(PY) tools/classload.py --learners $(CLASS_LEARNERS) --proxy $(CHP) --json $(CLASS_JSON) --overwrite $(CLASS_ARGS)
 
 # A room without fast internet (docs/install.md): torch's CPU wheels and every dependency of the course for each
