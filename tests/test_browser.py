@@ -30,7 +30,14 @@ import pytest
 from chromium import CHROMIUM_FLAGS  # tests/chromium.py
 from conftest import pythonpath
 
-from qwenvl_lab.course.lab import COURSE_FOLDER, MY_FOLDER, copy_course_notebooks, lab_environment, running_as_root
+from qwenvl_lab.course.lab import (
+    ANSWER_TAG,
+    COURSE_FOLDER,
+    MY_FOLDER,
+    copy_course_notebooks,
+    lab_environment,
+    running_as_root,
+)
 from qwenvl_lab.course.widgets import HEATMAP_CLASS
 from qwenvl_lab.resources import OUTPUT_ENV, OUTPUT_FOLDER, output_dir
 
@@ -676,15 +683,25 @@ def test_every_relative_link_works_from_the_learners_copy(notebook, learner_lab,
         page.locator(".jp-NotebookPanel .jp-Notebook").wait_for()
         cells = json.loads((REPO / COURSE_FOLDER / notebook).read_text(encoding="utf-8"))["cells"]
         wait_for(lambda: page.locator(".jp-Notebook .jp-Cell").count() == len(cells), WIDGET_S, f"the cells of {path}")
+        link = re.compile(r"\]\((?!https?:|#)([^)]+)\)")
+        hidden = [c for c in cells if ANSWER_TAG in c.get("metadata", {}).get("tags", [])]  # folded in the copy
         written = sum(
-            len(re.findall(r"\]\((?!https?:|#)[^)]+\)", text))
+            len(link.findall(text))
             for c in cells
+            if c not in hidden
             for text in (
                 ["".join(c["source"])]
                 if c["cell_type"] == "markdown"
                 else ["".join(o.get("data", {}).get("text/markdown", "")) for o in c.get("outputs", [])]
             )
         )  # the markdown cells' links, and those of markdown outputs (the welcome's tables of notebooks)
+        folded = [  # an answer's links render only once the learner unfolds it: their targets are checked on disk
+            target
+            for c in hidden
+            for target in link.findall("".join(c["source"]))
+            if not (REPO / COURSE_FOLDER / Path(notebook).parent / target.split("#")[0]).exists()
+        ]
+        assert not folded, f"{path}: links of folded answers that lead nowhere: {folded}"
 
         def relative_links():  # JupyterLab resolves a relative link asynchronously, into a /files/… URL
             found = [link for link in page.evaluate(LINKS) if not link["href"].startswith(("#", "https://"))]
@@ -710,7 +727,9 @@ def test_every_relative_link_works_from_the_learners_copy(notebook, learner_lab,
         solutions = [(link, target) for link, target in local if target.startswith(f"{MY_FOLDER}/solutions/")]
         if solutions:
             link, target = solutions[0]
-            page.locator(".jp-Notebook .jp-RenderedMarkdown a", has_text=link["text"]).first.click()
+            page.locator(".jp-Notebook .jp-RenderedMarkdown a").filter(  # its whole text: "01" is in "01 · …" too
+                has_text=re.compile(rf"^\s*{re.escape(link['text'].strip())}\s*$")
+            ).first.click()
             tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=Path(target).name)
             tab.first.wait_for(timeout=WIDGET_S * 1000)
             assert not page.locator(".jp-Dialog").count(), f"{path}: opening {target} shows a dialog"
