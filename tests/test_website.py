@@ -63,6 +63,14 @@ def test_launch_buttons_open_the_learners_copy_and_folder_links_reach_their_page
     assert 'href="../docs/site/solutions.html"' in fixed
     front = website.fix_links('<a href="#notebooks/solutions/">', "README.html")
     assert front == '<a href="docs/site/solutions.html">'
+    table = (  # the welcome's table of notebooks is an output: its links name the notebooks' files
+        '<a href="01_tokenizing.ipynb"><a href="solutions/01_solutions.ipynb#x">'
+        '<a href="../_sources/notebooks/00_welcome.ipynb"><a href="https://example.org/notebooks/01_tokenizing.ipynb">'
+    )
+    assert website.fix_links(table, "notebooks/00_welcome.html") == (
+        '<a href="01_tokenizing.html"><a href="solutions/01_solutions.html#x">'
+        '<a href="../_sources/notebooks/00_welcome.ipynb"><a href="https://example.org/notebooks/01_tokenizing.ipynb">'
+    )  # the source's download and another site's notebook stay as they are
 
 
 def test_every_folder_page_and_toc_entry_exists():

@@ -64,6 +64,11 @@ def site_config(root: Path, repository: str | None, branch: str, hub: str | None
     return config
 
 
+NOTEBOOK_LINK = re.compile(  # a relative link to a course notebook, not a download of its source (_sources/)
+    r'href="((?!https?:|/|#|[^"]*_sources/)(?:[\w./-]*/)?(?:solutions/)?\d\d_[\w-]+)\.ipynb(#[^"]*)?"'
+)
+
+
 def site_toc(root: Path) -> dict:
     """The site's table of contents: the core path, the deep dives and the solutions from the course's notebook list,
     then the parts of docs/site/_toc.yml (JSON is YAML, which Jupyter Book reads)."""
@@ -90,6 +95,7 @@ def fix_links(html: str, page: str) -> str:
     """A built page with the launch buttons opening the learner's copy (my-notebooks/) and links to a folder of the
     repository pointing at the page that stands for it (`page`: the page's path in the site)."""
     html = BINDER_LAUNCH.sub(r"\1my-notebooks/\2", html)
+    html = NOTEBOOK_LINK.sub(r'href="\1.html\2"', html)  # a notebook named in an output (the welcome's tables)
     up = "../" * page.count("/")
     for folder, target in FOLDER_PAGES.items():
         for link in {folder, os.path.relpath(folder, os.path.dirname(page) or ".")}:
